@@ -1,0 +1,1 @@
+"""RocketMQ-compatible broker and nameserver."""

@@ -1,0 +1,1 @@
+"""Admin HTTP endpoint: health, readiness, metrics, status."""

@@ -1,0 +1,253 @@
+"""Broker settings: one frozen object per process, built once from broker.conf <- env <- CLI.
+
+broker.conf is RocketMQ's Java properties format with RocketMQ's key names. Environment
+variables override it as ``RMQ_BROKER_<KEY>`` with the key in upper snake case (``listenPort`` ->
+``RMQ_BROKER_LISTEN_PORT``); ``NAMESRV_ADDR`` is honoured as in RocketMQ. Command-line ``-n`` and
+``--set key=value`` override both. Unknown keys are logged once; an invalid value is fatal with
+a message naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+def _key(name: str) -> dict[str, str]:
+    return {"key": name}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    """Every broker.conf key the broker understands, with RocketMQ 4.9.x defaults."""
+
+    brokerClusterName: str = field(default="DefaultCluster", metadata=_key("brokerClusterName"))
+    brokerName: str = field(default_factory=socket.gethostname, metadata=_key("brokerName"))
+    brokerId: int = field(default=0, metadata=_key("brokerId"))
+    brokerRole: str = field(default="ASYNC_MASTER", metadata=_key("brokerRole"))
+    flushDiskType: str = field(default="ASYNC_FLUSH", metadata=_key("flushDiskType"))
+    namesrvAddr: str = field(default="", metadata=_key("namesrvAddr"))
+    brokerIP1: str = field(default="", metadata=_key("brokerIP1"))
+    brokerIP2: str = field(default="", metadata=_key("brokerIP2"))
+    listenHost: str = field(default="0.0.0.0", metadata=_key("listenHost"))
+    listenPort: int = field(default=10911, metadata=_key("listenPort"))
+    haListenPort: int = field(default=0, metadata=_key("haListenPort"))
+    haMasterAddress: str = field(default="", metadata=_key("haMasterAddress"))
+    adminListenPort: int = field(default=0, metadata=_key("adminListenPort"))
+    adminToken: str = field(default="", metadata=_key("adminToken"))
+    adminTokenFile: str = field(default="", metadata=_key("adminTokenFile"))
+    storePathRootDir: str = field(default="~/store", metadata=_key("storePathRootDir"))
+    storePathCommitLog: str = field(default="", metadata=_key("storePathCommitLog"))
+    mappedFileSizeCommitLog: int = field(default=1073741824, metadata=_key("mappedFileSizeCommitLog"))
+    mappedFileSizeConsumeQueue: int = field(default=6000000, metadata=_key("mappedFileSizeConsumeQueue"))
+    defaultTopicQueueNums: int = field(default=8, metadata=_key("defaultTopicQueueNums"))
+    autoCreateTopicEnable: bool = field(default=True, metadata=_key("autoCreateTopicEnable"))
+    autoCreateSubscriptionGroup: bool = field(default=True, metadata=_key("autoCreateSubscriptionGroup"))
+    messageDelayLevel: str = field(default=DEFAULT_DELAY_LEVELS, metadata=_key("messageDelayLevel"))
+    maxMessageSize: int = field(default=4194304, metadata=_key("maxMessageSize"))
+    brokerPermission: int = field(default=6, metadata=_key("brokerPermission"))
+    syncFlushTimeout: int = field(default=5000, metadata=_key("syncFlushTimeout"))
+    slaveTimeout: int = field(default=3000, metadata=_key("slaveTimeout"))
+    flushIntervalCommitLog: int = field(default=500, metadata=_key("flushIntervalCommitLog"))
+    flushIntervalConsumeQueue: int = field(default=1000, metadata=_key("flushIntervalConsumeQueue"))
+    flushConsumerOffsetInterval: int = field(default=5000, metadata=_key("flushConsumerOffsetInterval"))
+    flushDelayOffsetInterval: int = field(default=10000, metadata=_key("flushDelayOffsetInterval"))
+    longPollingEnable: bool = field(default=True, metadata=_key("longPollingEnable"))
+    shortPollingTimeMills: int = field(default=1000, metadata=_key("shortPollingTimeMills"))
+    slaveReadEnable: bool = field(default=False, metadata=_key("slaveReadEnable"))
+    registerNameServerPeriod: int = field(default=30000, metadata=_key("registerNameServerPeriod"))
+    notifyConsumerIdsChangedEnable: bool = field(default=True, metadata=_key("notifyConsumerIdsChangedEnable"))
+    clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
+    haSendHeartbeatInterval: int = field(default=5000, metadata=_key("haSendHeartbeatInterval"))
+    haHousekeepingInterval: int = field(default=20000, metadata=_key("haHousekeepingInterval"))
+    haTransferBatchSize: int = field(default=32768, metadata=_key("haTransferBatchSize"))
+    haSlaveFallbehindMax: int = field(default=268435456, metadata=_key("haSlaveFallbehindMax"))
+    slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
+    slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))
+    checkCRCOnRecover: bool = field(default=True, metadata=_key("checkCRCOnRecover"))
+    # Accepted for compatibility with RocketMQ's sample files; retention is not implemented yet.
+    deleteWhen: str = field(default="04", metadata=_key("deleteWhen"))
+    fileReservedTime: int = field(default=72, metadata=_key("fileReservedTime"))
+
+    # -- derived values --
+    @property
+    def is_slave(self) -> bool:
+        return self.brokerRole == "SLAVE"
+
+    @property
+    def host_ip(self) -> str:
+        return self.brokerIP1 or default_ip()
+
+    @property
+    def ha_port(self) -> int:
+        # Unlike Java 4.x, a configured haListenPort is honoured.
+        return self.haListenPort if self.haListenPort > 0 else self.listenPort + 1
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.host_ip}:{self.listenPort}"
+
+    @property
+    def ha_server_addr(self) -> str:
+        return f"{self.brokerIP2 or self.host_ip}:{self.ha_port}"
+
+    @property
+    def store_root(self) -> Path:
+        return Path(os.path.expanduser(self.storePathRootDir))
+
+    @property
+    def commitlog_dir(self) -> Path:
+        return Path(os.path.expanduser(self.storePathCommitLog)) if self.storePathCommitLog \
+            else self.store_root / "commitlog"
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [a.strip() for a in self.namesrvAddr.split(";") if a.strip()]
+
+    def admin_token(self) -> str:
+        if self.adminTokenFile:
+            return Path(self.adminTokenFile).read_text(encoding="utf-8").strip()
+        return self.adminToken
+
+
+_FIELDS = {f.metadata["key"]: f for f in dataclasses.fields(BrokerSettings)}
+_SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def env_name(key: str) -> str:
+    return "RMQ_BROKER_" + _SNAKE.sub("_", key).upper()
+
+
+def default_ip() -> str:
+    """RocketMQ's choice: a non-loopback IPv4 address of this host, else 127.0.0.1."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent for a UDP connect
+            ip = str(s.getsockname()[0])
+            if not ip.startswith("127."):
+                return ip
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java .properties subset: key=value or key:value, # and ! comments, surrounding spaces."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
+        if m is None:
+            out[line] = ""
+            continue
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _convert(key: str, raw: str, typ: Any) -> Any:
+    if typ in ("bool", bool):
+        # Java Boolean.parseBoolean would silently take anything but "true" as false; a
+        # typo in a production config deserves an error instead.
+        low = raw.strip().lower()
+        if low not in ("true", "false"):
+            raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+        return low == "true"
+    if typ in ("int", int):
+        try:
+            return int(raw.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{key}: expected an integer, got {raw!r}") from exc
+    return raw.strip()
+
+
+def _validate(s: BrokerSettings) -> None:
+    if s.brokerRole not in ROLES:
+        raise ConfigError(f"brokerRole: expected one of {', '.join(ROLES)}, got {s.brokerRole!r}")
+    if s.flushDiskType not in FLUSH_TYPES:
+        raise ConfigError(f"flushDiskType: expected one of {', '.join(FLUSH_TYPES)}, got {s.flushDiskType!r}")
+    if s.brokerRole == "SLAVE" and s.brokerId <= 0:
+        raise ConfigError("brokerId: a SLAVE needs brokerId > 0")
+    for key in ("listenPort", "haListenPort", "adminListenPort"):
+        value = getattr(s, key)
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{key}: {value} is not a TCP port")
+    if s.listenPort == 0:
+        raise ConfigError("listenPort: must be set")
+    for key in ("mappedFileSizeCommitLog", "maxMessageSize", "defaultTopicQueueNums"):
+        if getattr(s, key) <= 0:
+            raise ConfigError(f"{key}: must be positive")
+    if s.mappedFileSizeConsumeQueue <= 0 or s.mappedFileSizeConsumeQueue % 20:
+        raise ConfigError("mappedFileSizeConsumeQueue: must be a positive multiple of 20")
+    if s.maxMessageSize + 1024 > s.mappedFileSizeCommitLog:
+        raise ConfigError("mappedFileSizeCommitLog: must be larger than maxMessageSize")
+    if not re.fullmatch(r"[a-zA-Z0-9_%|-]+", s.brokerName):
+        raise ConfigError(f"brokerName: {s.brokerName!r} has characters outside [a-zA-Z0-9_%|-]")
+    try:
+        parse_delay_levels(s.messageDelayLevel)
+    except ValueError as exc:
+        raise ConfigError(f"messageDelayLevel: {exc}") from exc
+
+
+_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """``"1s 5s 10s …"`` -> delay of each level in milliseconds (level 1 first)."""
+    out = []
+    for token in text.split():
+        m = re.fullmatch(r"(\d+)([smhd])", token)
+        if m is None:
+            raise ValueError(f"bad delay level {token!r} (use numbers with s, m, h or d)")
+        out.append(int(m.group(1)) * _UNITS[m.group(2)])
+    if not out:
+        raise ValueError("no delay levels")
+    return tuple(out)
+
+
+def build_settings(
+    conf_text: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> BrokerSettings:
+    """broker.conf text <- environment <- explicit overrides, validated."""
+    env = os.environ if env is None else env
+    raw: dict[str, str] = {}
+    if conf_text:
+        for key, value in parse_properties(conf_text).items():
+            if key in _FIELDS:
+                raw[key] = value
+            else:
+                log.warning("broker.conf: unknown key %r ignored", key)
+    if env.get("NAMESRV_ADDR"):
+        raw["namesrvAddr"] = env["NAMESRV_ADDR"]
+    for key in _FIELDS:
+        value = env.get(env_name(key))
+        if value is not None:
+            raw[key] = value
+    for key, value in (overrides or {}).items():
+        if key not in _FIELDS:
+            raise ConfigError(f"{key}: unknown setting")
+        raw[key] = value
+    kwargs = {key: _convert(key, value, _FIELDS[key].type) for key, value in raw.items()}
+    settings = BrokerSettings(**kwargs)
+    _validate(settings)
+    return settings

@@ -1,0 +1,1 @@
+"""Metadata: topics, subscription groups, consumer/delay offsets, DataVersion, atomic JSON files."""

@@ -1,0 +1,1 @@
+"""Nameserver: route info table and its request handling."""

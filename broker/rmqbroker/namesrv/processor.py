@@ -1,0 +1,174 @@
+"""Nameserver request handling: registration, routes, cluster info (reference §2.15-§2.17)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import zlib
+from typing import Any
+
+from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.namesrv.routeinfo import RouteInfoManager, TopicConfigLite
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header
+
+log = logging.getLogger(__name__)
+
+_INT = struct.Struct(">i")
+
+
+class RegisterBodyError(ValueError):
+    """A REGISTER_BROKER body that cannot be decoded."""
+
+
+def _json_body(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def _topics_from_table(table: dict[str, Any]) -> list[TopicConfigLite]:
+    topics = []
+    for name, tc in table.items():
+        if not isinstance(tc, dict):
+            raise RegisterBodyError(f"topic config of {name!r} is not an object")
+        topics.append(TopicConfigLite(
+            name=str(tc.get("topicName", name)),
+            read_queue_nums=int(tc.get("readQueueNums", 16)),
+            write_queue_nums=int(tc.get("writeQueueNums", 16)),
+            perm=int(tc.get("perm", 6)),
+            topic_sys_flag=int(tc.get("topicSysFlag", tc.get("topicSynFlag", 0))),
+        ))
+    return topics
+
+
+def decode_register_body(body: bytes, compressed: bool) -> tuple[dict[str, Any] | None, list[TopicConfigLite]]:
+    """Return (dataVersion, topics) from a RegisterBrokerBody, plain JSON or compressed."""
+    if not body:
+        return None, []
+    try:
+        if compressed:
+            return _decode_compressed(zlib.decompress(body))
+        obj = fastjson_loads(body.decode("utf-8"))
+        wrapper = obj.get("topicConfigSerializeWrapper", obj) if isinstance(obj, dict) else None
+        if not isinstance(wrapper, dict):
+            raise RegisterBodyError("body has no topicConfigSerializeWrapper")
+        table = wrapper.get("topicConfigTable") or {}
+        version = wrapper.get("dataVersion")
+        if not isinstance(table, dict) or (version is not None and not isinstance(version, dict)):
+            raise RegisterBodyError("topicConfigTable/dataVersion have the wrong type")
+        return version, _topics_from_table(table)
+    except (ValueError, UnicodeDecodeError, zlib.error, struct.error, TypeError) as exc:
+        if isinstance(exc, RegisterBodyError):
+            raise
+        raise RegisterBodyError(f"cannot decode register body: {exc}") from exc
+
+
+def _decode_compressed(raw: bytes) -> tuple[dict[str, Any] | None, list[TopicConfigLite]]:
+    # Layout (Java RegisterBrokerBody.encode): int len + DataVersion JSON; int topicCount;
+    # per topic int len + "name read write perm filterType [sysFlag order]"; int len + filter list.
+    pos = 0
+
+    def take() -> bytes:
+        nonlocal pos
+        (n,) = _INT.unpack_from(raw, pos)
+        pos += 4
+        if n < 0 or pos + n > len(raw):
+            raise RegisterBodyError("compressed register body truncated")
+        chunk = raw[pos:pos + n]
+        pos += n
+        return chunk
+
+    version = fastjson_loads(take().decode("utf-8"))
+    (count,) = _INT.unpack_from(raw, pos)
+    pos += 4
+    topics = []
+    for _ in range(count):
+        parts = take().decode("utf-8").split(" ")
+        if len(parts) < 4:
+            raise RegisterBodyError("compressed topic config has too few fields")
+        topics.append(TopicConfigLite(parts[0], int(parts[1]), int(parts[2]), int(parts[3]),
+                                      int(parts[5]) if len(parts) > 5 else 0))
+    return (version if isinstance(version, dict) else None), topics
+
+
+class NamesrvProcessor:
+    """Registers the nameserver's handlers on a remoting server."""
+
+    def __init__(self, routes: RouteInfoManager) -> None:
+        self.routes = routes
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.REGISTER_BROKER, self.register_broker)
+        server.register(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
+        server.register(RequestCode.QUERY_DATA_VERSION, self.query_data_version)
+        server.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.get_route)
+        server.register(RequestCode.GET_BROKER_CLUSTER_INFO, self.get_cluster_info)
+        server.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topics)
+
+    async def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        broker_addr = h.req_str(wire.BROKER_ADDR)
+        broker_id = h.req_int(wire.BROKER_ID)
+        body = bytes(cmd.body)
+        crc = h.opt_int(wire.BODY_CRC32, 0)
+        if crc != 0 and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "crc32 not match")
+        try:
+            version, topics = decode_register_body(body, h.opt_bool(wire.COMPRESSED))
+        except RegisterBodyError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        result = self.routes.register_broker(
+            cluster_name=h.req_str(wire.CLUSTER_NAME),
+            broker_addr=broker_addr,
+            broker_name=h.req_str(wire.BROKER_NAME),
+            broker_id=broker_id,
+            ha_server_addr=h.opt_str(wire.HA_SERVER_ADDR) or "",
+            data_version=version,
+            topics=topics if body else None,
+            connection_id=conn.id,
+        )
+        conn.on_close(lambda c: self.routes.on_connection_closed(c.id))
+        ext: dict[str, str] = {}
+        if result.ha_server_addr is not None:
+            ext[wire.HA_SERVER_ADDR] = result.ha_server_addr
+        if result.master_addr is not None:
+            ext[wire.MASTER_ADDR] = result.master_addr
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields=ext)
+
+    async def unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        self.routes.unregister_broker(
+            cluster_name=h.req_str(wire.CLUSTER_NAME), broker_addr=h.req_str(wire.BROKER_ADDR),
+            broker_name=h.req_str(wire.BROKER_NAME), broker_id=h.req_int(wire.BROKER_ID))
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def query_data_version(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        try:
+            version = fastjson_loads(bytes(cmd.body).decode("utf-8")) if cmd.body else {}
+        except (ValueError, UnicodeDecodeError) as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"bad DataVersion body: {exc}")
+        changed, stored = self.routes.query_data_version_changed(
+            h.req_str(wire.BROKER_ADDR), version if isinstance(version, dict) else {})
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 ext_fields={wire.CHANGED: "true" if changed else "false"},
+                                 body=_json_body(stored) if stored is not None else b"")
+
+    async def get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = Header(cmd.ext_fields).req_str(wire.TOPIC)
+        route = self.routes.pick_topic_route(topic)
+        if route is None:
+            return cmd.make_response(
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"No topic route info in name server for the topic: {topic}")
+        return cmd.make_response(ResponseCode.SUCCESS, body=_json_body(route))
+
+    async def get_cluster_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(ResponseCode.SUCCESS, body=_json_body(self.routes.cluster_info()))
+
+    async def get_all_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 body=_json_body({"topicList": self.routes.all_topics()}))

@@ -1,0 +1,230 @@
+"""The nameserver's route table: clusters, broker names and addresses, topic queues, liveness.
+
+Mirrors the behaviour of RocketMQ's RouteInfoManager (reference §2.15-§2.17); all access happens
+on the event loop thread, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MASTER_ID = 0
+
+
+@dataclass(slots=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"brokerName": self.broker_name, "perm": self.perm,
+                "readQueueNums": self.read_queue_nums, "topicSysFlag": self.topic_sys_flag,
+                "writeQueueNums": self.write_queue_nums}
+
+
+@dataclass(slots=True)
+class BrokerData:
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        # Standard JSON keys ("0"): both the C++ and the Java client accept them.
+        return {"brokerAddrs": {str(k): v for k, v in sorted(self.broker_addrs.items())},
+                "brokerName": self.broker_name, "cluster": self.cluster}
+
+
+@dataclass(slots=True)
+class BrokerLiveInfo:
+    last_update: float
+    data_version: dict[str, Any]
+    connection_id: int
+    ha_server_addr: str
+
+
+@dataclass(slots=True)
+class TopicConfigLite:
+    """The fields of a broker's TopicConfig the nameserver keeps."""
+
+    name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclass(slots=True)
+class RegisterResult:
+    ha_server_addr: str | None
+    master_addr: str | None
+
+
+def same_version(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return False
+    return a.get("timestamp") == b.get("timestamp") and a.get("counter") == b.get("counter")
+
+
+class RouteInfoManager:
+    """Cluster/broker/topic tables and broker liveness."""
+
+    def __init__(self) -> None:
+        self.cluster_addr_table: dict[str, set[str]] = {}
+        self.broker_addr_table: dict[str, BrokerData] = {}
+        self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
+        self.broker_live_table: dict[str, BrokerLiveInfo] = {}
+
+    def register_broker(
+        self,
+        *,
+        cluster_name: str,
+        broker_addr: str,
+        broker_name: str,
+        broker_id: int,
+        ha_server_addr: str,
+        data_version: dict[str, Any] | None,
+        topics: list[TopicConfigLite] | None,
+        connection_id: int,
+        now: float | None = None,
+    ) -> RegisterResult:
+        now = time.monotonic() if now is None else now
+        self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
+        broker_data = self.broker_addr_table.get(broker_name)
+        register_first = broker_data is None
+        if broker_data is None:
+            broker_data = BrokerData(cluster_name, broker_name)
+            self.broker_addr_table[broker_name] = broker_data
+        broker_data.cluster = cluster_name
+        # The same address under another id means a role switch: drop the stale id first.
+        for bid, addr in list(broker_data.broker_addrs.items()):
+            if addr == broker_addr and bid != broker_id:
+                del broker_data.broker_addrs[bid]
+        old_addr = broker_data.broker_addrs.get(broker_id)
+        if old_addr is not None and old_addr != broker_addr:
+            # A different process took over this id (e.g. a rescheduled pod with a new IP).
+            self.broker_live_table.pop(old_addr, None)
+        register_first = register_first or old_addr is None
+        broker_data.broker_addrs[broker_id] = broker_addr
+
+        live = self.broker_live_table.get(broker_addr)
+        if broker_id == MASTER_ID and topics is not None and (
+            register_first or live is None or not same_version(live.data_version, data_version)
+        ):
+            self._update_queue_data(broker_name, topics)
+
+        self.broker_live_table[broker_addr] = BrokerLiveInfo(
+            last_update=now,
+            data_version=dict(data_version or {}),
+            connection_id=connection_id,
+            ha_server_addr=ha_server_addr,
+        )
+        if broker_id != MASTER_ID:
+            master_addr = broker_data.broker_addrs.get(MASTER_ID)
+            if master_addr is not None:
+                master_live = self.broker_live_table.get(master_addr)
+                if master_live is not None:
+                    return RegisterResult(master_live.ha_server_addr, master_addr)
+        return RegisterResult(None, None)
+
+    def _update_queue_data(self, broker_name: str, topics: list[TopicConfigLite]) -> None:
+        names = set()
+        for tc in topics:
+            names.add(tc.name)
+            self.topic_queue_table.setdefault(tc.name, {})[broker_name] = QueueData(
+                broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
+        # Topics the master no longer has disappear from its routes.
+        for topic, queues in list(self.topic_queue_table.items()):
+            if topic not in names and broker_name in queues:
+                del queues[broker_name]
+                if not queues:
+                    del self.topic_queue_table[topic]
+
+    def query_data_version_changed(self, broker_addr: str, data_version: dict[str, Any],
+                                   now: float | None = None) -> tuple[bool, dict[str, Any] | None]:
+        live = self.broker_live_table.get(broker_addr)
+        if live is None:
+            return True, None
+        changed = not same_version(live.data_version, data_version)
+        if not changed:
+            live.last_update = time.monotonic() if now is None else now
+        return changed, live.data_version
+
+    def unregister_broker(self, *, cluster_name: str, broker_addr: str, broker_name: str,
+                          broker_id: int) -> None:
+        self.broker_live_table.pop(broker_addr, None)
+        broker_data = self.broker_addr_table.get(broker_name)
+        if broker_data is not None:
+            if broker_data.broker_addrs.get(broker_id) == broker_addr:
+                del broker_data.broker_addrs[broker_id]
+            else:
+                for bid, addr in list(broker_data.broker_addrs.items()):
+                    if addr == broker_addr:
+                        del broker_data.broker_addrs[bid]
+            if not broker_data.broker_addrs:
+                del self.broker_addr_table[broker_name]
+                names = self.cluster_addr_table.get(cluster_name)
+                if names is not None:
+                    names.discard(broker_name)
+                    if not names:
+                        del self.cluster_addr_table[cluster_name]
+                self._remove_topics_of(broker_name)
+        log.info("unregistered broker %s (%s id %d)", broker_addr, broker_name, broker_id)
+
+    def _remove_topics_of(self, broker_name: str) -> None:
+        for topic, queues in list(self.topic_queue_table.items()):
+            queues.pop(broker_name, None)
+            if not queues:
+                del self.topic_queue_table[topic]
+
+    def _remove_addr(self, broker_addr: str) -> None:
+        for name, data in list(self.broker_addr_table.items()):
+            for bid, addr in list(data.broker_addrs.items()):
+                if addr == broker_addr:
+                    self.unregister_broker(cluster_name=data.cluster, broker_addr=addr,
+                                           broker_name=name, broker_id=bid)
+
+    def scan_not_active(self, expiry_seconds: float, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        expired = [addr for addr, live in self.broker_live_table.items()
+                   if now - live.last_update > expiry_seconds]
+        for addr in expired:
+            log.warning("broker %s expired: no registration for %.0fs", addr, expiry_seconds)
+            self._remove_addr(addr)
+        return expired
+
+    def on_connection_closed(self, connection_id: int) -> None:
+        for addr, live in list(self.broker_live_table.items()):
+            if live.connection_id == connection_id:
+                log.info("broker %s connection closed; removing it", addr)
+                self._remove_addr(addr)
+
+    def pick_topic_route(self, topic: str) -> dict[str, Any] | None:
+        queues = self.topic_queue_table.get(topic)
+        if not queues:
+            return None
+        broker_datas = [self.broker_addr_table[name].to_json() for name in sorted(queues)
+                        if name in self.broker_addr_table and self.broker_addr_table[name].broker_addrs]
+        if not broker_datas:
+            return None
+        return {
+            "brokerDatas": broker_datas,
+            "filterServerTable": {},
+            "queueDatas": [queues[name].to_json() for name in sorted(queues)],
+        }
+
+    def cluster_info(self) -> dict[str, Any]:
+        return {
+            "brokerAddrTable": {name: data.to_json() for name, data in sorted(self.broker_addr_table.items())},
+            "clusterAddrTable": {c: sorted(names) for c, names in sorted(self.cluster_addr_table.items())},
+        }
+
+    def all_topics(self) -> list[str]:
+        return sorted(self.topic_queue_table)

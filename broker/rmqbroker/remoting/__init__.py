@@ -1,0 +1,1 @@
+"""Remoting: frames, codes, Java wire names, asyncio server and client."""

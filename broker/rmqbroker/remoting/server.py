@@ -1,0 +1,230 @@
+"""asyncio remoting server: frame parsing, dispatch by request code, responses matched by opaque.
+
+Malformed frames (bad length, undecodable header) close that connection and are counted; a
+handler error becomes a SYSTEM_ERROR response with a remark. Nothing a peer sends can stop the
+server from serving other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from rmqbroker.remoting.codes import FLAG_ONEWAY, ResponseCode
+from rmqbroker.remoting.frame import (
+    MAX_FRAME_BYTES,
+    FrameError,
+    RemotingCommand,
+    decode_frame_payload,
+    encode_header,
+)
+from rmqbroker.remoting.wire import HeaderError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+LatencyObserver = Callable[[int, float], None]
+
+_conn_ids = itertools.count(1)
+
+# The frame's leading length field: int at offset 0, bytes that follow it.
+_LENGTH = struct.Struct(">i")
+
+
+@dataclass
+class RemotingStats:
+    """Counters the admin endpoint exports; plain ints so the hot path stays cheap."""
+
+    connections_total: int = 0
+    connections_open: int = 0
+    requests_total: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    malformed_frames: dict[str, int] = field(default_factory=dict)
+    unsupported_codes: int = 0
+    handler_errors: int = 0
+
+    def malformed(self, reason: str) -> None:
+        self.malformed_frames[reason] = self.malformed_frames.get(reason, 0) + 1
+
+
+class Connection(asyncio.Protocol):
+    """One accepted TCP connection."""
+
+    def __init__(self, server: RemotingServer) -> None:
+        self.server = server
+        self.id = next(_conn_ids)
+        self.transport: asyncio.Transport | None = None
+        self.remote_addr = "?"
+        self.remote_host = "0.0.0.0"
+        self.remote_port = 0
+        self.closed = False
+        self._buf = bytearray()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+
+    # -- asyncio.Protocol --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.remote_host, self.remote_port = str(peer[0]), int(peer[1])
+            self.remote_addr = f"{self.remote_host}:{self.remote_port}"
+        stats = self.server.stats
+        stats.connections_total += 1
+        stats.connections_open += 1
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.stats.connections_open -= 1
+        self.server.connections.discard(self)
+        for cb in self._close_callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("close callback failed for %s", self.remote_addr)
+        self._close_callbacks.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.server.stats.bytes_in += len(data)
+        buf = self._buf
+        buf += data
+        pos = 0
+        end = len(buf)
+        try:
+            while end - pos >= 4:
+                (length,) = _LENGTH.unpack_from(buf, pos)
+                if length < 4 or length + 4 > MAX_FRAME_BYTES:
+                    self._malformed("bad_length", f"frame length {length}")
+                    return
+                if end - pos < 4 + length:
+                    break
+                payload = memoryview(buf)[pos + 4:pos + 4 + length]
+                try:
+                    cmd = decode_frame_payload(payload)
+                finally:
+                    payload.release()
+                pos += 4 + length
+                self._dispatch(cmd)
+                if self.closed:
+                    return
+        except FrameError as exc:
+            self._malformed("bad_header", str(exc))
+            return
+        if pos:
+            del buf[:pos]
+
+    def _malformed(self, reason: str, detail: str) -> None:
+        self.server.stats.malformed(reason)
+        log.warning("closing %s: malformed frame (%s: %s)", self.remote_addr, reason, detail)
+        self._buf.clear()
+        self.close()
+
+    # -- dispatch --
+    def _dispatch(self, cmd: RemotingCommand) -> None:
+        if cmd.is_response:
+            # Brokers don't issue requests on accepted connections except oneway notifications;
+            # a stray response is ignored.
+            return
+        self.server.stats.requests_total += 1
+        handler = self.server.handlers.get(cmd.code)
+        if handler is None:
+            self.server.stats.unsupported_codes += 1
+            if not cmd.flag & FLAG_ONEWAY:
+                self.send_response(cmd.make_response(
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    f" request type {cmd.code} not supported"))
+            return
+        task = asyncio.get_running_loop().create_task(self._run(handler, cmd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, handler: Handler, cmd: RemotingCommand) -> None:
+        started = time.perf_counter()
+        try:
+            response = await handler(self, cmd)
+        except HeaderError as exc:
+            response = cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.server.stats.handler_errors += 1
+            log.exception("request code %d from %s failed", cmd.code, self.remote_addr)
+            response = cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        observer = self.server.latency_observer
+        if observer is not None:
+            observer(cmd.code, time.perf_counter() - started)
+        if response is not None and not cmd.flag & FLAG_ONEWAY:
+            self.send_response(response)
+
+    # -- output --
+    def send_response(self, cmd: RemotingCommand) -> None:
+        """Write a command (a response, or a server-initiated request) unless closed."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            return
+        head = encode_header(cmd)
+        body = cmd.body
+        if body:
+            transport.writelines((head, body))
+            self.server.stats.bytes_out += len(head) + len(body)
+        else:
+            transport.write(head)
+            self.server.stats.bytes_out += len(head)
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        cmd.flag |= FLAG_ONEWAY
+        self.send_response(cmd)
+
+    def on_close(self, cb: Callable[[Connection], None]) -> None:
+        if self.closed:
+            cb(self)
+        else:
+            self._close_callbacks.append(cb)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class RemotingServer:
+    """A listener whose requests are dispatched to handlers registered per request code."""
+
+    def __init__(self, host: str, port: int, *, name: str = "remoting",
+                 stats: RemotingStats | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.name = name
+        self.stats = stats if stats is not None else RemotingStats()
+        self.handlers: dict[int, Handler] = {}
+        self.connections: set[Connection] = set()
+        self.latency_observer: LatencyObserver | None = None
+        self._server: asyncio.Server | None = None
+
+    def register(self, code: int, handler: Handler) -> None:
+        self.handlers[int(code)] = handler
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Connection(self), self.host, self.port,
+                                                reuse_address=True, backlog=1024)
+        sock = self._server.sockets[0]
+        self.port = int(sock.getsockname()[1])
+        log.info("%s listening on %s:%d", self.name, self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        await self._server.wait_closed()
+        self._server = None

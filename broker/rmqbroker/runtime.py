@@ -1,0 +1,88 @@
+"""Process runtime shared by the entry points: logging, event loop, signals, supervised tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+class Supervisor:
+    """Owns a process's background tasks: failures are logged, never fatal; stop cancels all."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._guard(name, coro), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task %s died", name)
+
+    def every(self, name: str, interval: float, fn: Callable[[], Awaitable[None]],
+              initial_delay: float | None = None) -> asyncio.Task[None]:
+        """Run ``fn`` periodically; an exception is logged and the next period runs anyway."""
+
+        async def loop() -> None:
+            await asyncio.sleep(interval if initial_delay is None else initial_delay)
+            while not self.stopping:
+                try:
+                    await fn()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("periodic task %s failed; retrying next period", name)
+                await asyncio.sleep(interval)
+
+        return self.spawn(name, loop())
+
+    async def stop(self) -> None:
+        self.stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main(stop_event)`` on uvloop when available; SIGTERM/SIGINT set the event."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    try:
+        import uvloop  # noqa: PLC0415 - optional accelerator
+
+        uvloop.run(runner())
+    except ImportError:
+        asyncio.run(runner())

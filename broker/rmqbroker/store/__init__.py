@@ -1,0 +1,1 @@
+"""Store: record codec, mapped files, commitlog, consume queues, recovery, flush."""
