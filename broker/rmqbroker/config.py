@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmqbroker.store.config import DEFAULT_MESSAGE_DELAY_LEVEL as DEFAULT_DELAY_LEVELS
+from rmqbroker.store.config import parse_delay_levels
+
 log = logging.getLogger(__name__)
 
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 
 class ConfigError(ValueError):
@@ -207,22 +209,6 @@ def _validate(s: BrokerSettings) -> None:
         raise ConfigError(f"messageDelayLevel: {exc}") from exc
 
 
-_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(text: str) -> tuple[int, ...]:
-    """``"1s 5s 10s …"`` -> delay of each level in milliseconds (level 1 first)."""
-    out = []
-    for token in text.split():
-        m = re.fullmatch(r"(\d+)([smhd])", token)
-        if m is None:
-            raise ValueError(f"bad delay level {token!r} (use numbers with s, m, h or d)")
-        out.append(int(m.group(1)) * _UNITS[m.group(2)])
-    if not out:
-        raise ValueError("no delay levels")
-    return tuple(out)
-
-
 def build_settings(
     conf_text: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -240,9 +226,9 @@ def build_settings(
     if env.get("NAMESRV_ADDR"):
         raw["namesrvAddr"] = env["NAMESRV_ADDR"]
     for key in _FIELDS:
-        value = env.get(env_name(key))
-        if value is not None:
-            raw[key] = value
+        from_env = env.get(env_name(key))
+        if from_env is not None:
+            raw[key] = from_env
     for key, value in (overrides or {}).items():
         if key not in _FIELDS:
             raise ConfigError(f"{key}: unknown setting")

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from typing import cast
 
 from rmqbroker.remoting.codes import FLAG_ONEWAY
 from rmqbroker.remoting.frame import (
@@ -54,8 +55,8 @@ class _ClientConnection(asyncio.Protocol):
         self._buf = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement the interface without subclassing asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

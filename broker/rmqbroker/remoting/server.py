@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from typing import cast
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,8 +71,8 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement the interface without subclassing asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote_host, self.remote_port = str(peer[0]), int(peer[1])

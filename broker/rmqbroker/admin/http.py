@@ -1,0 +1,121 @@
+"""The broker's admin HTTP endpoint (aiohttp).
+
+``/healthz`` and ``/readyz`` are open (kubelet probes carry no credentials); everything else
+requires ``Authorization: Bearer <token>`` when a token is configured. Handlers for more routes
+(replication control, commitlog streaming) are added by the composition root through
+:meth:`AdminServer.add_route`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(obj, indent=1, sort_keys=True), status=status,
+                        content_type="application/json")
+
+
+def json_error(status: int, reason: str) -> web.Response:
+    return json_response({"error": reason}, status=status)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or an HTTP 400 with the reason."""
+    try:
+        obj = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"malformed JSON: {exc}"}),
+                                 content_type="application/json") from exc
+    if not isinstance(obj, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "body must be a JSON object"}),
+                                 content_type="application/json")
+    return obj
+
+
+class AdminServer:
+    """aiohttp application with bearer-token authentication."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token: str,
+        registry: CollectorRegistry,
+        status: Callable[[], dict[str, Any]],
+        ready: Callable[[], bool],
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._token = token
+        self._registry = registry
+        self._status = status
+        self._ready = ready
+        self.unauthorized = 0
+        self.app = web.Application(middlewares=[self._auth], client_max_size=1024 * 1024)
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/status", self._status_handler)
+        self._runner: web.AppRunner | None = None
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        self.app.router.add_route(method, path, handler)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._token and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization", "")
+            scheme, _, presented = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), self._token):
+                self.unauthorized += 1
+                return web.Response(status=401, text=json.dumps({"error": "missing or wrong bearer token"}),
+                                    content_type="application/json",
+                                    headers={"WWW-Authenticate": 'Bearer realm="rmq-broker"'})
+        return await handler(request)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def _status_handler(self, request: web.Request) -> web.Response:
+        return json_response(self._status())
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = int(server.sockets[0].getsockname()[1])
+        log.info("admin endpoint on http://%s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,68 @@
+"""Prometheus collector over the broker's plain counters (no metric objects on the hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rmqbroker.remoting.server import RemotingStats
+from rmqbroker.stats import BrokerStats
+
+
+class BrokerCollector(Collector):
+    """Reads counters at scrape time."""
+
+    def __init__(self, stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
+                 labels: dict[str, str]) -> None:
+        self.stats = stats
+        self.remoting = remoting
+        self.gauges = gauges
+        self.labels = labels
+
+    def collect(self) -> Iterator[Any]:
+        names = list(self.labels)
+        values = list(self.labels.values())
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(values, value)
+            return c
+
+        s, r = self.stats, self.remoting
+        yield counter("rmq_messages_in", "Messages stored by sends", s.msgs_in)
+        yield counter("rmq_bytes_in", "Message body bytes stored by sends", s.bytes_in)
+        yield counter("rmq_messages_out", "Messages returned by pulls", s.msgs_out)
+        yield counter("rmq_bytes_out", "Record bytes returned by pulls", s.bytes_out)
+        yield counter("rmq_remoting_requests", "Requests received on the remoting port", r.requests_total)
+        yield counter("rmq_remoting_connections", "Connections accepted on the remoting port", r.connections_total)
+        yield counter("rmq_remoting_unsupported_codes", "Requests with an unknown code", r.unsupported_codes)
+        yield counter("rmq_remoting_handler_errors", "Requests whose handler raised", r.handler_errors)
+        malformed = CounterMetricFamily("rmq_malformed_frames", "Malformed frames (connection closed)",
+                                        labels=[*names, "reason"])
+        for reason in ("bad_length", "bad_header"):
+            malformed.add_metric([*values, reason], r.malformed_frames.get(reason, 0))
+        yield malformed
+        rejected = CounterMetricFamily("rmq_send_rejected", "Sends answered with an error code",
+                                       labels=[*names, "code"])
+        for code, n in sorted(s.send_rejected.items()):
+            rejected.add_metric([*values, str(code)], n)
+        yield rejected
+        for name, value in self.gauges().items():
+            g = GaugeMetricFamily(f"rmq_{name}", name.replace("_", " "), labels=names)
+            g.add_metric(values, value)
+            yield g
+
+
+def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
+                   labels: dict[str, str]) -> tuple[CollectorRegistry, Histogram]:
+    """A registry with the collector and a request-latency histogram (by request code)."""
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(stats, remoting, gauges, labels))
+    latency = Histogram("rmq_request_latency_seconds", "Request handling time by request code",
+                        labelnames=["code"], registry=registry,
+                        buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+    return registry, latency

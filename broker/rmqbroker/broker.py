@@ -1,0 +1,241 @@
+"""Composition root: builds the store, metadata, processors, servers and background tasks of one broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from rmqbroker.admin.http import AdminServer
+from rmqbroker.admin.metrics import build_registry
+from rmqbroker.config import BrokerSettings
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
+from rmqbroker.metadata.delay_offsets import DelayOffsetTable
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
+from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
+from rmqbroker.outer_api import BrokerOuterApi
+from rmqbroker.processors.admin import AdminProcessor
+from rmqbroker.processors.client_manage import ClientManageProcessor, make_notifier
+from rmqbroker.processors.clients import ClientManager
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.processors.offsets import OffsetProcessor
+from rmqbroker.processors.pull import PullMessageProcessor
+from rmqbroker.processors.send import SendMessageProcessor
+from rmqbroker.remoting.server import RemotingServer
+from rmqbroker.runtime import Supervisor
+from rmqbroker.schedule import ScheduleMessageService
+from rmqbroker.store.config import StoreConfig, parse_delay_levels
+from rmqbroker.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+def store_config(s: BrokerSettings) -> StoreConfig:
+    return StoreConfig(
+        store_path_root_dir=s.store_root,
+        store_path_commit_log=s.commitlog_dir,
+        mapped_file_size_commit_log=s.mappedFileSizeCommitLog,
+        mapped_file_size_consume_queue=s.mappedFileSizeConsumeQueue,
+        flush_disk_type=cast(Any, s.flushDiskType),
+        flush_interval_commit_log_ms=s.flushIntervalCommitLog,
+        flush_interval_consume_queue_ms=s.flushIntervalConsumeQueue,
+        sync_flush_timeout_ms=s.syncFlushTimeout,
+        max_message_size=s.maxMessageSize,
+        message_delay_levels=parse_delay_levels(s.messageDelayLevel),
+        store_host=(s.host_ip, s.listenPort),
+        check_crc_on_recover=s.checkCRCOnRecover,
+        broker_role=s.brokerRole,
+    )
+
+
+class Broker:
+    """One broker process's parts and their lifecycle."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        config_dir = settings.store_root / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MessageStore(store_config(settings))
+        self.topics = TopicConfigManager(
+            config_dir, cluster_name=settings.brokerClusterName, broker_name=settings.brokerName,
+            auto_create_topic_enable=settings.autoCreateTopicEnable,
+            default_topic_queue_nums=settings.defaultTopicQueueNums)
+        self.groups = SubscriptionGroupManager(config_dir, auto_create=settings.autoCreateSubscriptionGroup)
+        self.offsets = ConsumerOffsetManager(config_dir)
+        self.delay_offsets = DelayOffsetTable(config_dir)
+
+        def group_notify_enabled(group: str) -> bool:
+            cfg = self.groups.get(group)
+            return cfg is None or cfg.notify_consumer_ids_changed_enable
+
+        self.clients = ClientManager(make_notifier(settings.notifyConsumerIdsChangedEnable, group_notify_enabled))
+        self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
+                                 self.clients, register_now=self.request_register)
+        self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker")
+        self.send = SendMessageProcessor(self.ctx)
+        self.pull = PullMessageProcessor(self.ctx)
+        for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
+                     AdminProcessor(self.ctx)):
+            proc.register(self.server)
+        self.store.add_arrival_listener(self.pull.holds.on_arrival)
+        self.topics.add_change_listener(self._topic_changed)
+        self.outer = BrokerOuterApi()
+        self.schedule = ScheduleMessageService(self.store, self.delay_offsets,
+                                               parse_delay_levels(settings.messageDelayLevel))
+        self.supervisor = Supervisor()
+        self.registered = False
+        self.master_addr: str | None = None
+        self.master_ha_addr: str | None = None
+        self._register_event = asyncio.Event()
+        self.started_ms = 0
+        labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
+                  "broker_id": str(settings.brokerId)}
+        self.registry, self._latency = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels)
+        self._latency_children: dict[int, Any] = {}
+        self.server.latency_observer = self._observe_latency
+        self.admin: AdminServer | None = None
+        if settings.adminListenPort:
+            self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=settings.admin_token(),
+                                     registry=self.registry, status=self.status, ready=self.ready)
+
+    # -- metrics/status --
+    def _observe_latency(self, code: int, seconds: float) -> None:
+        child = self._latency_children.get(code)
+        if child is None:
+            child = self._latency.labels(str(code))
+            self._latency_children[code] = child
+        child.observe(seconds)
+
+    def _gauges(self) -> dict[str, float]:
+        return {
+            "commitlog_max_offset": self.store.max_phy_offset(),
+            "commitlog_min_offset": self.store.min_phy_offset(),
+            "commitlog_flushed_offset": self.store.flushed_phy_offset(),
+            "topics": len(self.topics),
+            "pull_requests_held": self.pull.holds.held_count,
+            "remoting_connections_open": self.server.stats.connections_open,
+        }
+
+    def status(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "cluster": s.brokerClusterName,
+            "brokerName": s.brokerName,
+            "brokerId": s.brokerId,
+            "role": s.brokerRole,
+            "brokerAddr": s.broker_addr,
+            "haServerAddr": s.ha_server_addr,
+            "maxPhyOffset": self.store.max_phy_offset(),
+            "minPhyOffset": self.store.min_phy_offset(),
+            "flushedPhyOffset": self.store.flushed_phy_offset(),
+            "topics": len(self.topics),
+            "dataVersions": {
+                "topics": self.topics.data_version.to_json_obj(),
+                "subscriptionGroups": self.groups.data_version.to_json_obj(),
+            },
+            "registered": self.registered,
+            "masterAddr": self.master_addr,
+            "bootTimestamp": self.started_ms,
+        }
+
+    def ready(self) -> bool:
+        return self.store.running and (self.registered or not self.settings.namesrv_addrs)
+
+    # -- registration --
+    def request_register(self) -> None:
+        self._register_event.set()
+
+    def _topic_changed(self, topic: str, tc: TopicConfig | None) -> None:
+        self.request_register()
+
+    async def register_all(self) -> bool:
+        """Register with every nameserver; True when all of them accepted."""
+        s = self.settings
+        if not s.namesrv_addrs:
+            return True
+        results = await self.outer.register_broker_all(
+            s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
+            broker_name=s.brokerName, broker_id=s.brokerId, ha_server_addr=s.ha_server_addr,
+            topic_config_wrapper=self.topics.wrapper_obj())
+        if results:
+            self.registered = True
+            for r in results:
+                if r.master_addr:
+                    self.master_addr = r.master_addr
+                if r.ha_server_addr:
+                    self.master_ha_addr = r.ha_server_addr
+        return len(results) == len(s.namesrv_addrs)
+
+    async def _register_loop(self) -> None:
+        period = max(10.0, min(self.settings.registerNameServerPeriod / 1000, 60.0))
+        while True:
+            complete = False
+            try:
+                complete = await self.register_all()
+            except Exception:
+                log.exception("registration with nameservers failed")
+            self._register_event.clear()
+            try:
+                # A nameserver that was unreachable is retried soon, not a whole period later.
+                await asyncio.wait_for(self._register_event.wait(), period if complete else 3.0)
+                # Coalesce bursts of topic changes (e.g. many auto-created topics) into one register.
+                await asyncio.sleep(0.05)
+            except TimeoutError:
+                pass
+
+    async def _persist_metadata(self) -> None:
+        await self.topics.persist_if_dirty_async()
+        await self.groups.persist_if_dirty_async()
+
+    async def _persist_offsets(self) -> None:
+        await self.offsets.persist_if_dirty_async()
+
+    async def _persist_delay_offsets(self) -> None:
+        await self.delay_offsets.persist_if_dirty_async()
+
+    async def _scan_clients(self) -> None:
+        self.clients.scan_expired(self.settings.clientChannelExpiredMillis / 1000)
+
+    # -- lifecycle --
+    async def start(self) -> None:
+        s = self.settings
+        await self.store.start()
+        self.started_ms = int(time.time() * 1000)
+        await self.server.start()
+        if self.admin is not None:
+            await self.admin.start()
+        sup = self.supervisor
+        sup.spawn("pull-hold", self.pull.holds.run())
+        sup.spawn("register", self._register_loop())
+        sup.every("persist-metadata", 1.0, self._persist_metadata)
+        sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
+        sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
+        sup.every("scan-clients", 10.0, self._scan_clients)
+        if not s.is_slave:
+            sup.spawn("schedule", self.schedule.run())
+        log.info("broker %s (%s, id %d) serving on %s", s.brokerName, s.brokerRole, s.brokerId, s.broker_addr)
+
+    async def stop(self) -> None:
+        s = self.settings
+        await self.supervisor.stop()
+        await self.server.stop()
+        if s.namesrv_addrs:
+            await self.outer.unregister_broker_all(
+                s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
+                broker_name=s.brokerName, broker_id=s.brokerId)
+        await self.outer.close()
+        for manager in (self.topics, self.groups, self.offsets, self.delay_offsets):
+            try:
+                await manager.persist_if_dirty_async()
+            except Exception:
+                log.exception("persisting %s at shutdown failed", manager.path)
+        await self.store.shutdown()
+        if self.admin is not None:
+            await self.admin.stop()
+        log.info("broker stopped")
+
+
+def read_conf(path: str | None) -> str | None:
+    return Path(path).read_text(encoding="utf-8") if path else None

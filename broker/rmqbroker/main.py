@@ -1,0 +1,60 @@
+"""`rmq-broker` entry point: ``rmq-broker -c broker.conf [-n namesrv] [--set key=value ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from rmqbroker.broker import Broker, read_conf
+from rmqbroker.config import ConfigError, build_settings
+from rmqbroker.runtime import run_until_signal, setup_logging
+from rmqbroker.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rmq-broker", description="RocketMQ-compatible broker")
+    parser.add_argument("-c", "--config", help="broker.conf (Java properties, RocketMQ key names)")
+    parser.add_argument("-n", "--namesrv", help="nameserver addresses, host:port;host:port")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one broker.conf key (repeatable)")
+    parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    overrides: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    if args.namesrv:
+        overrides["namesrvAddr"] = args.namesrv
+    try:
+        settings = build_settings(read_conf(args.config), overrides=overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"rmq-broker: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+    async def run(stop: asyncio.Event) -> None:
+        broker = Broker(settings)
+        try:
+            await broker.start()
+        except (StoreError, OSError) as exc:
+            log.error("cannot start: %s", exc)
+            await broker.store.shutdown()
+            raise SystemExit(1) from exc
+        admin = f", admin http://{settings.listenHost}:{broker.admin.port}" if broker.admin else ""
+        print(f"rmq-broker {settings.brokerName} ({settings.brokerRole}) listening on "
+              f"{settings.broker_addr}{admin}", flush=True)
+        await stop.wait()
+        await broker.stop()
+
+    run_until_signal(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Committed consumer offsets and ``consumerOffset.json`` (§5.2).
+
+The table is keyed ``"<topic>@<group>"`` with a ``{queueId: nextOffsetToConsume}`` map per key.
+Unlike topics it is not persisted on every commit: the broker flushes it periodically (5 s) and at
+shutdown, and the ``dirty`` flag lets it skip the write when nothing was committed.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rmqbroker.metadata._coerce import as_object, int_keyed
+from rmqbroker.metadata.base import JsonConfigFile
+from rmqbroker.metadata.jsonfile import fastjson_loads
+
+log = logging.getLogger(__name__)
+
+TOPIC_GROUP_SEPARATOR = "@"
+
+OffsetTable = dict[str, dict[int, int]]
+_Parsed = tuple[OffsetTable, dict[str, Any]]
+
+
+def offset_key(topic: str, group: str) -> str:
+    return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+
+def split_offset_key(key: str) -> tuple[str, str] | None:
+    """``(topic, group)`` of a table key, or None for a malformed key (skipped by the helpers)."""
+    parts = key.split(TOPIC_GROUP_SEPARATOR)
+    if len(parts) != 2:
+        return None
+    return parts[0], parts[1]
+
+
+def _decode_obj(obj: Any) -> _Parsed:
+    data = as_object(obj, "consumer offsets")
+    table: OffsetTable = {}
+    raw_table = data.get("offsetTable")
+    if raw_table is not None:
+        for key, raw in as_object(raw_table, "offsetTable").items():
+            table[key] = int_keyed(raw, f"offsetTable[{key}]")
+    extra = {k: v for k, v in data.items() if k != "offsetTable"}
+    return table, extra
+
+
+def decode_consumer_offsets(text: str | bytes) -> OffsetTable:
+    """Parse consumerOffset.json / a GET_ALL_CONSUMER_OFFSET body (quoted or bare int keys)."""
+    table, _ = _decode_obj(fastjson_loads(text))
+    return table
+
+
+def encode_offset_table(table: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
+    return {key: {str(q): table[key][q] for q in sorted(table[key])} for key in sorted(table)}
+
+
+class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
+    """The ``topic@group -> {queueId: offset}`` table behind QUERY/UPDATE_CONSUMER_OFFSET."""
+
+    FILE_NAME = "consumerOffset.json"
+
+    def __init__(self, config_dir: Path, *, autoload: bool = True) -> None:
+        super().__init__(config_dir)
+        self._table: OffsetTable = {}
+        self._extra: dict[str, Any] = {}
+        if autoload:
+            self.load()
+
+    # -- JsonConfigFile hooks -------------------------------------------------------------------
+
+    def _parse(self, text: str) -> _Parsed:
+        return _decode_obj(fastjson_loads(text))
+
+    def _install_locked(self, parsed: _Parsed) -> None:
+        self._table, self._extra = parsed
+
+    def _snapshot_locked(self) -> dict[str, Any]:
+        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
+        obj["offsetTable"] = encode_offset_table(self._table)
+        return dict(sorted(obj.items()))
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, client_host: str = "") -> None:
+        """Record the next offset ``group`` will consume from ``topic``/``queue_id``."""
+        key = offset_key(topic, group)
+        with self._lock:
+            queues = self._table.get(key)
+            if queues is None:
+                queues = self._table[key] = {}
+            previous = queues.get(queue_id)
+            if previous == offset:
+                return
+            queues[queue_id] = offset
+            self._mark_changed_locked()
+        if previous is not None and offset < previous:
+            # Legitimate after a reset, but also the signature of a stale client; worth a trace.
+            log.warning(
+                "offset of %s moved back: %s queue %d %d -> %d (client %s)",
+                group,
+                topic,
+                queue_id,
+                previous,
+                offset,
+                client_host,
+            )
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one for this queue."""
+        queues = self._table.get(offset_key(topic, group))
+        if queues is None:
+            return -1
+        return queues.get(queue_id, -1)
+
+    def query_all(self, group: str, topic: str) -> dict[int, int]:
+        """All committed queue offsets of ``group`` on ``topic`` (a copy; empty when none)."""
+        with self._lock:
+            return dict(self._table.get(offset_key(topic, group), {}))
+
+    def offsets_for_group(self, group: str) -> dict[str, dict[int, int]]:
+        """``{topic: {queueId: offset}}`` for every topic ``group`` has committed on."""
+        result: dict[str, dict[int, int]] = {}
+        with self._lock:
+            for key, queues in self._table.items():
+                parts = split_offset_key(key)
+                if parts is not None and parts[1] == group:
+                    result[parts[0]] = dict(queues)
+        return result
+
+    def which_groups_by_topic(self, topic: str) -> set[str]:
+        with self._lock:
+            keys = list(self._table)
+        return {p[1] for p in map(split_offset_key, keys) if p is not None and p[0] == topic}
+
+    def which_topics_by_group(self, group: str) -> set[str]:
+        with self._lock:
+            keys = list(self._table)
+        return {p[0] for p in map(split_offset_key, keys) if p is not None and p[1] == group}
+
+    def remove_offsets(self, group: str, topic: str | None = None) -> bool:
+        """Forget ``group``'s offsets (on one topic, or on all); True if anything was removed."""
+        with self._lock:
+            doomed = [
+                key
+                for key in self._table
+                if (parts := split_offset_key(key)) is not None
+                and parts[1] == group
+                and (topic is None or parts[0] == topic)
+            ]
+            for key in doomed:
+                del self._table[key]
+            if doomed:
+                self._mark_changed_locked()
+        if doomed:
+            log.info("removed offsets of group %s (topic %s): %s", group, topic or "*", doomed)
+        return bool(doomed)
+
+    def clone_offset(self, src_group: str, dst_group: str, topic: str) -> bool:
+        """Copy ``src_group``'s offsets on ``topic`` to ``dst_group`` (CLONE_GROUP_OFFSET)."""
+        with self._lock:
+            source = self._table.get(offset_key(topic, src_group))
+            if source is None:
+                return False
+            self._table[offset_key(topic, dst_group)] = dict(source)
+            self._mark_changed_locked()
+        return True
+
+    def table(self) -> OffsetTable:
+        """A deep copy of the whole table."""
+        with self._lock:
+            return {key: dict(queues) for key, queues in self._table.items()}
+
+    def merge_all(self, table: Mapping[str, Mapping[int, int]]) -> None:
+        """Slave sync (§7.6): each incoming ``topic@group`` entry replaces the local one."""
+        if not table:
+            return
+        with self._lock:
+            for key, queues in table.items():
+                self._table[key] = dict(queues)
+            self._mark_changed_locked()

@@ -1,0 +1,226 @@
+"""JSON files the way RocketMQ keeps them: fastjson-tolerant parsing, crash-safe writes, ``.bak`` fallback.
+
+Java brokers write metadata with fastjson, which emits ``Map<Integer, …>`` keys unquoted
+(``{"offsetTable":{"T@G":{0:12}}}``).  We read that form and standard JSON alike, and always write
+standard JSON (quoted keys), which fastjson reads back, so files stay interchangeable (§5).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rmqbroker.metadata.errors import MetadataFormatError, MetadataLoadError, MetadataPersistError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TMP_SUFFIX = ".tmp"
+BAK_SUFFIX = ".bak"
+
+# Only the tokens that decide whether a bare integer is an object key are matched; whitespace and
+# scalar values are skipped by finditer.  A string literal is matched whole (escapes included), so
+# digits and colons inside strings are never looked at.  In valid JSON a ":" can only follow a key,
+# hence "integer followed by colon" right after "{" or "," is a fastjson integer key.
+_SIGNIFICANT = re.compile(
+    r"""
+    "[^"\\]*(?:\\.[^"\\]*)*"
+  | [{}\[\],:]
+  | (?<![\w.+-])-?[0-9]+(?=[\ \t\r\n]*:)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+def _quote_numeric_keys(text: str) -> str:
+    """Rewrite fastjson's bare integer object keys as quoted strings; everything else is copied."""
+    out: list[str] = []
+    copied_upto = 0
+    # Open containers: a bare integer is a key only right after "{" or after "," inside an object.
+    stack: list[str] = []
+    key_expected = False
+    for match in _SIGNIFICANT.finditer(text):
+        token = match.group()
+        first = token[0]
+        if first in {'"', ":"}:
+            key_expected = False
+        elif first in "{[":
+            stack.append(first)
+            key_expected = first == "{"
+        elif first in "}]":
+            if stack:
+                stack.pop()
+            key_expected = False
+        elif first == ",":
+            key_expected = bool(stack) and stack[-1] == "{"
+        else:
+            if key_expected:
+                out.append(text[copied_upto : match.start()])
+                out.append(f'"{token}"')
+                copied_upto = match.end()
+            key_expected = False
+    if not out:
+        return text
+    out.append(text[copied_upto:])
+    return "".join(out)
+
+
+def fastjson_loads(text: str | bytes) -> Any:
+    """Parse standard JSON or fastjson output with unquoted (possibly negative) integer keys.
+
+    Object keys always come back as ``str`` (as with :func:`json.loads`); callers convert the
+    integer-keyed maps themselves.  Raises :class:`MetadataFormatError` on anything unparseable.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetadataFormatError("metadata JSON is not valid UTF-8") from exc
+    text = text.removeprefix("\ufeff")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as first_error:
+        fixed = _quote_numeric_keys(text)
+        if fixed is text:
+            raise MetadataFormatError(f"invalid JSON: {first_error}") from first_error
+        try:
+            return json.loads(fixed)
+        except json.JSONDecodeError as exc:
+            raise MetadataFormatError(f"invalid JSON: {exc}") from exc
+
+
+def to_json_text(obj: Any, *, pretty: bool) -> str:
+    """Serialise like fastjson: compact ``"k":v`` separators, tab-indented when pretty, UTF-8 kept raw."""
+    if pretty:
+        return json.dumps(obj, indent="\t", separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        log.debug("cannot open %s to fsync it: %s", directory, exc)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some filesystems refuse fsync on directories; the rename itself is still atomic there.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_and_fsync(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rotate_backup(path: Path, bak: Path) -> None:
+    """Make ``bak`` hold the current content of ``path`` without ever leaving ``bak`` half-written."""
+    try:
+        if path.stat().st_size == 0:
+            # An empty file is never a better backup than the one we already have.
+            return
+    except FileNotFoundError:
+        return
+    staging = bak.with_name(bak.name + TMP_SUFFIX)
+    staging.unlink(missing_ok=True)
+    try:
+        # The live file is only ever replaced, never rewritten in place, so a hard link is a
+        # frozen copy of the old content at no I/O cost.
+        os.link(path, staging)
+    except OSError:
+        _write_and_fsync(staging, path.read_bytes())
+    os.replace(staging, bak)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a crash leaves either the old or the new content.
+
+    Steps: write and fsync ``<file>.tmp``; keep the current content as ``<file>.bak``; rename the
+    tmp file over ``<file>``; fsync the directory.  Raises :class:`MetadataPersistError`.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    bak = path.with_name(path.name + BAK_SUFFIX)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_and_fsync(tmp, text.encode("utf-8"))
+        _rotate_backup(path, bak)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            log.debug("could not remove %s after a failed write", tmp)
+        raise MetadataPersistError(f"failed to write {path}: {exc}") from exc
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise MetadataLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def load_decoded_with_backup(path: Path, decode: Callable[[str], T]) -> T | None:
+    """Load ``path`` through ``decode``, falling back to ``<file>.bak``.
+
+    The backup is used when the file is missing, empty, not UTF-8, or ``decode`` raises
+    ``ValueError``/``TypeError``/``KeyError`` on it.  Returns ``None`` when neither file has any
+    content (a fresh broker).  Raises :class:`MetadataLoadError` when content exists but none of
+    it decodes.
+    """
+    path = Path(path)
+    bak = path.with_name(path.name + BAK_SUFFIX)
+    data = _read_bytes(path)
+    main_error: Exception | None = None
+    if data is not None and data.strip():
+        try:
+            return decode(data.decode("utf-8"))
+        except (ValueError, TypeError, KeyError) as exc:
+            main_error = exc
+            log.warning("%s is corrupt (%s); trying %s", path, exc, bak.name)
+    backup = _read_bytes(bak)
+    if backup is None or not backup.strip():
+        if main_error is not None:
+            raise MetadataLoadError(f"{path} is corrupt and there is no usable {bak.name}") from main_error
+        return None
+    try:
+        result = decode(backup.decode("utf-8"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise MetadataLoadError(f"neither {path} nor {bak.name} can be decoded") from exc
+    if main_error is None:
+        log.warning("%s is missing or empty; loaded %s instead", path, bak.name)
+    else:
+        log.warning("loaded %s instead of corrupt %s", bak.name, path)
+    return result
+
+
+def load_with_backup(path: Path) -> str | None:
+    """Return the text of ``path``, or of ``<file>.bak`` when the file is missing/empty/unparseable."""
+
+    def check(text: str) -> str:
+        fastjson_loads(text)
+        return text
+
+    return load_decoded_with_backup(path, check)

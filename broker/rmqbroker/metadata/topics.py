@@ -1,0 +1,494 @@
+"""Topic configuration: ``TopicConfig``, name validation, system topics and ``topics.json`` (§5.1).
+
+The manager owns the broker's topic table and its DataVersion.  Its JSON wrapper
+``{"dataVersion":…,"topicConfigTable":…}`` is the file content, the GET_ALL_TOPIC_CONFIG body and
+the ``topicConfigSerializeWrapper`` of REGISTER_BROKER.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmqbroker.metadata._coerce import as_bool, as_int, as_object, as_str
+from rmqbroker.metadata.base import JsonConfigFile
+from rmqbroker.metadata.data_version import DataVersion
+from rmqbroker.metadata.errors import MetadataFormatError
+from rmqbroker.metadata.jsonfile import fastjson_loads
+
+log = logging.getLogger(__name__)
+
+# Permission bits (PermName).
+PERM_PRIORITY = 0x8
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+PERM_INHERIT = 0x1
+
+SINGLE_TAG = "SINGLE_TAG"
+MULTI_TAG = "MULTI_TAG"
+
+DEFAULT_QUEUE_NUMS = 16
+
+# Well-known topic names.
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+BENCHMARK_TOPIC = "BenchmarkTest"
+SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
+OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SCHEDULE_TOPIC_QUEUE_NUMS = 18
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+REPLY_TOPIC_SUFFIX = "_REPLY_TOPIC"
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+TOPIC_MAX_LENGTH = 127
+
+#: Topics an admin may not create or update (UPDATE_AND_CREATE_TOPIC, §2.13).
+SYSTEM_TOPICS: frozenset[str] = frozenset(
+    {
+        AUTO_CREATE_TOPIC_KEY_TOPIC,
+        SCHEDULE_TOPIC,
+        BENCHMARK_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRACE_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        SELF_TEST_TOPIC,
+        OFFSET_MOVED_EVENT,
+    }
+)
+
+#: Topics producers may not send to (§2.4 step 1, answered with NO_PERMISSION).
+NOT_ALLOWED_SEND_TOPICS: frozenset[str] = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        SELF_TEST_TOPIC,
+        OFFSET_MOVED_EVENT,
+    }
+)
+
+_VALID_TOPIC_CHARS = frozenset("%|-_0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def perm_readable(perm: int) -> bool:
+    return perm & PERM_READ == PERM_READ
+
+
+def perm_writeable(perm: int) -> bool:
+    return perm & PERM_WRITE == PERM_WRITE
+
+
+def perm_inherited(perm: int) -> bool:
+    return perm & PERM_INHERIT == PERM_INHERIT
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def is_topic_or_group_illegal(name: str) -> bool:
+    """True when ``name`` has a character outside ``^[%|a-zA-Z0-9_-]+$``."""
+    return any(ch not in _VALID_TOPIC_CHARS for ch in name)
+
+
+def validate_topic(name: str | None) -> str | None:
+    """Return an error remark for an unusable topic name, or None when the name is fine."""
+    if name is None or not name.strip():
+        return "The topic name is blank."
+    if is_topic_or_group_illegal(name):
+        return f"The topic name [{name}] has illegal characters; only ^[%|a-zA-Z0-9_-]+$ is allowed."
+    if len(name) > TOPIC_MAX_LENGTH:
+        return f"The topic name is longer than the maximum of {TOPIC_MAX_LENGTH} characters."
+    return None
+
+
+def is_system_topic(name: str) -> bool:
+    return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def is_not_allowed_send_topic(name: str) -> bool:
+    return name in NOT_ALLOWED_SEND_TOPICS
+
+
+_TOPIC_FIELDS = frozenset(
+    {"topicName", "readQueueNums", "writeQueueNums", "perm", "topicFilterType", "topicSysFlag", "order"}
+)
+
+
+def _filter_type(value: Any, what: str) -> str:
+    # fastjson writes enums by name; an ordinal is accepted in case some tool wrote one.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return MULTI_TAG if value == 1 else SINGLE_TAG
+    return as_str(value, what)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic's configuration (immutable: derive changes with :func:`dataclasses.replace`).
+
+    ``extra`` holds JSON fields this broker does not interpret (5.x ``attributes``, pre-4.9
+    ``topicSynFlag``, …) so that they survive a load/persist round trip.
+    """
+
+    topic_name: str
+    read_queue_nums: int = DEFAULT_QUEUE_NUMS
+    write_queue_nums: int = DEFAULT_QUEUE_NUMS
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = SINGLE_TAG
+    topic_sys_flag: int = 0
+    order: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def readable(self) -> bool:
+        return perm_readable(self.perm)
+
+    @property
+    def writeable(self) -> bool:
+        return perm_writeable(self.perm)
+
+    @property
+    def inherited(self) -> bool:
+        return perm_inherited(self.perm)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = copy.deepcopy(self.extra) if self.extra else {}
+        obj.update(
+            order=self.order,
+            perm=self.perm,
+            readQueueNums=self.read_queue_nums,
+            topicFilterType=self.topic_filter_type,
+            topicName=self.topic_name,
+            topicSysFlag=self.topic_sys_flag,
+            writeQueueNums=self.write_queue_nums,
+        )
+        # fastjson sorts properties alphabetically; doing the same keeps diffs against Java files small.
+        return dict(sorted(obj.items()))
+
+    @classmethod
+    def from_json_obj(cls, obj: Any, name: str | None = None) -> TopicConfig:
+        """Build from a JSON object; ``name`` (the table key) is used when ``topicName`` is absent."""
+        what = f"topic {name!r}" if name is not None else "topic config"
+        data = as_object(obj, what)
+        raw_name = data.get("topicName")
+        topic_name = as_str(raw_name, f"{what}.topicName") if raw_name is not None else name
+        if topic_name is None:
+            raise MetadataFormatError(f"{what}: no topicName")
+        sys_flag_raw = data.get("topicSysFlag", data.get("topicSynFlag", 0))
+        return cls(
+            topic_name=topic_name,
+            read_queue_nums=as_int(data.get("readQueueNums", DEFAULT_QUEUE_NUMS), f"{what}.readQueueNums"),
+            write_queue_nums=as_int(data.get("writeQueueNums", DEFAULT_QUEUE_NUMS), f"{what}.writeQueueNums"),
+            perm=as_int(data.get("perm", PERM_READ | PERM_WRITE), f"{what}.perm"),
+            topic_filter_type=_filter_type(data.get("topicFilterType", SINGLE_TAG), f"{what}.topicFilterType"),
+            topic_sys_flag=as_int(sys_flag_raw, f"{what}.topicSysFlag"),
+            order=as_bool(data.get("order", False), f"{what}.order"),
+            extra={k: v for k, v in data.items() if k not in _TOPIC_FIELDS},
+        )
+
+
+#: Called with (topic name, new config) after a topic is created or updated, (name, None) on delete.
+TopicChangeListener = Callable[[str, TopicConfig | None], None]
+
+
+def decode_topic_wrapper(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None]:
+    """Parse a TopicConfigSerializeWrapper (topics.json / GET_ALL_TOPIC_CONFIG body)."""
+    table, version, _ = _decode_wrapper_obj(fastjson_loads(text))
+    return table, version
+
+
+def _decode_wrapper_obj(
+    obj: Any,
+) -> tuple[dict[str, TopicConfig], DataVersion | None, dict[str, Any]]:
+    data = as_object(obj, "topic config wrapper")
+    raw_table = data.get("topicConfigTable")
+    table: dict[str, TopicConfig] = {}
+    if raw_table is not None:
+        for name, raw in as_object(raw_table, "topicConfigTable").items():
+            table[name] = TopicConfig.from_json_obj(raw, name)
+    raw_version = data.get("dataVersion")
+    version = DataVersion.from_json_obj(raw_version) if raw_version is not None else None
+    extra = {k: v for k, v in data.items() if k not in ("topicConfigTable", "dataVersion")}
+    return table, version, extra
+
+
+_Parsed = tuple[dict[str, TopicConfig], DataVersion | None, dict[str, Any]]
+
+
+class TopicConfigManager(JsonConfigFile[_Parsed]):
+    """The broker's topic table, persisted to ``<config_dir>/topics.json`` on every change.
+
+    Mutators take ``persist=False`` for callers on the event loop that prefer to follow up with
+    ``await persist_if_dirty_async()`` instead of an inline fsync.
+    """
+
+    FILE_NAME = "topics.json"
+
+    def __init__(
+        self,
+        config_dir: Path,
+        *,
+        cluster_name: str,
+        broker_name: str,
+        auto_create_topic_enable: bool = True,
+        default_topic_queue_nums: int = 8,
+        cluster_topic_enable: bool = True,
+        broker_topic_enable: bool = True,
+        trace_topic_enable: bool = False,
+        trace_topic_name: str = TRACE_TOPIC,
+        autoload: bool = True,
+    ) -> None:
+        super().__init__(config_dir)
+        self.cluster_name = cluster_name
+        self.broker_name = broker_name
+        self.auto_create_topic_enable = auto_create_topic_enable
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self._table: dict[str, TopicConfig] = {}
+        self._data_version = DataVersion()
+        self._extra: dict[str, Any] = {}
+        self._listeners: list[TopicChangeListener] = []
+        # The cluster/broker-name topics are reserved on this broker like the fixed system topics.
+        self._system_topics = set(SYSTEM_TOPICS) | {cluster_name, broker_name}
+        if trace_topic_enable:
+            self._system_topics.add(trace_topic_name)
+        self._add_builtin_topics(cluster_topic_enable, broker_topic_enable, trace_topic_enable, trace_topic_name)
+        if autoload:
+            self.load()
+
+    def _add_builtin_topics(
+        self, cluster_topic_enable: bool, broker_topic_enable: bool, trace_enable: bool, trace_name: str
+    ) -> None:
+        rw = PERM_READ | PERM_WRITE
+        builtins = [TopicConfig(SELF_TEST_TOPIC, 1, 1)]
+        if self.auto_create_topic_enable:
+            nums = self.default_topic_queue_nums
+            builtins.append(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, nums, nums, rw | PERM_INHERIT))
+        builtins.append(TopicConfig(BENCHMARK_TOPIC, 1024, 1024))
+        builtins.append(TopicConfig(self.cluster_name, perm=PERM_INHERIT | (rw if cluster_topic_enable else 0)))
+        builtins.append(TopicConfig(self.broker_name, 1, 1, PERM_INHERIT | (rw if broker_topic_enable else 0)))
+        builtins.append(TopicConfig(OFFSET_MOVED_EVENT, 1, 1))
+        builtins.append(TopicConfig(SCHEDULE_TOPIC, SCHEDULE_TOPIC_QUEUE_NUMS, SCHEDULE_TOPIC_QUEUE_NUMS))
+        if trace_enable:
+            builtins.append(TopicConfig(trace_name, 1, 1))
+        builtins.append(TopicConfig(self.cluster_name + REPLY_TOPIC_SUFFIX, 1, 1))
+        for tc in builtins:
+            self._table[tc.topic_name] = tc
+
+    # -- JsonConfigFile hooks -------------------------------------------------------------------
+
+    def _parse(self, text: str) -> _Parsed:
+        return _decode_wrapper_obj(fastjson_loads(text))
+
+    def _install_locked(self, parsed: _Parsed) -> None:
+        table, version, extra = parsed
+        # Like the Java broker: persisted entries override the built-in defaults, built-ins stay.
+        self._table.update(table)
+        if version is not None:
+            self._data_version.assign(version)
+        self._extra = extra
+
+    def _snapshot_locked(self) -> dict[str, Any]:
+        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
+        obj["dataVersion"] = self._data_version.to_json_obj()
+        obj["topicConfigTable"] = {name: self._table[name].to_json_obj() for name in sorted(self._table)}
+        return dict(sorted(obj.items()))
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def data_version(self) -> DataVersion:
+        """A copy of the current DataVersion."""
+        with self._lock:
+            return self._data_version.copy()
+
+    def select(self, topic: str) -> TopicConfig | None:
+        return self._table.get(topic)
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self._table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def topic_names(self) -> list[str]:
+        with self._lock:
+            return list(self._table)
+
+    def table(self) -> dict[str, TopicConfig]:
+        """A snapshot copy of the whole table."""
+        with self._lock:
+            return dict(self._table)
+
+    def is_system_topic(self, topic: str) -> bool:
+        """System topics of this broker: the fixed set, ``rmq_sys_*`` and the cluster/broker topics."""
+        return topic in self._system_topics or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+    def wrapper_obj(self, topics: Iterable[str] | None = None) -> dict[str, Any]:
+        """The TopicConfigSerializeWrapper as a JSON object, optionally restricted to ``topics``.
+
+        The restricted form is what a broker registers after a single topic changed.
+        """
+        with self._lock:
+            if topics is None:
+                return self._snapshot_locked()
+            names = sorted(t for t in set(topics) if t in self._table)
+            return {
+                "dataVersion": self._data_version.to_json_obj(),
+                "topicConfigTable": {n: self._table[n].to_json_obj() for n in names},
+            }
+
+    # -- listeners ------------------------------------------------------------------------------
+
+    def add_change_listener(self, listener: TopicChangeListener) -> None:
+        """Register a callback run after a create/update/delete (e.g. to re-register with namesrv)."""
+        self._listeners.append(listener)
+
+    def _notify(self, topic: str, config: TopicConfig | None) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(topic, config)
+            except Exception:
+                log.exception("topic change listener failed for %s", topic)
+
+    # -- mutations ------------------------------------------------------------------------------
+
+    def create_topic_in_send_message_method(
+        self,
+        topic: str,
+        default_topic: str,
+        remote_addr: str,
+        client_default_topic_queue_nums: int,
+        topic_sys_flag: int = 0,
+        *,
+        persist: bool = True,
+    ) -> TopicConfig | None:
+        """Auto-create ``topic`` from ``default_topic`` for a send (§2.4 step 2).
+
+        Returns the existing or new config, or None when the default topic is missing or does not
+        carry PERM_INHERIT (the caller then answers TOPIC_NOT_EXIST).
+        """
+        with self._lock:
+            existing = self._table.get(topic)
+            if existing is not None:
+                return existing
+            default = self._table.get(default_topic)
+            if default is None:
+                log.warning("auto-create of %s from %s refused: default topic absent", topic, default_topic)
+                return None
+            perm = default.perm
+            if default_topic == AUTO_CREATE_TOPIC_KEY_TOPIC and not self.auto_create_topic_enable:
+                # A TBW102 left in topics.json by an earlier run must not re-enable auto-creation.
+                perm = PERM_READ | PERM_WRITE
+            if not perm_inherited(perm):
+                log.warning(
+                    "auto-create of %s from %s refused: default perm %d lacks INHERIT (producer %s)",
+                    topic,
+                    default_topic,
+                    perm,
+                    remote_addr,
+                )
+                return None
+            queue_nums = max(0, min(client_default_topic_queue_nums, default.write_queue_nums))
+            created = TopicConfig(
+                topic_name=topic,
+                read_queue_nums=queue_nums,
+                write_queue_nums=queue_nums,
+                perm=perm & ~PERM_INHERIT,
+                topic_filter_type=default.topic_filter_type,
+                topic_sys_flag=topic_sys_flag,
+            )
+            self._put_locked(created)
+        log.info("auto-created topic %s from %s for producer %s: %s", topic, default_topic, remote_addr, created)
+        self._persist_after_change(persist)
+        self._notify(topic, created)
+        return created
+
+    def create_retry_topic(
+        self, topic: str, queue_nums: int, perm: int, topic_sys_flag: int = 0, *, persist: bool = True
+    ) -> TopicConfig:
+        """Return ``topic``, creating it with the given queues/perm if absent.
+
+        Used for ``%RETRY%<group>`` (heartbeat, send-back, sends to a retry topic) and ``%DLQ%<group>``.
+        """
+        with self._lock:
+            existing = self._table.get(topic)
+            if existing is not None:
+                return existing
+            created = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
+            self._put_locked(created)
+        log.info("created topic %s: %s", topic, created)
+        self._persist_after_change(persist)
+        self._notify(topic, created)
+        return created
+
+    def update_topic_config(self, tc: TopicConfig, *, persist: bool = True) -> TopicConfig | None:
+        """Put or replace a topic config; returns the previous one."""
+        with self._lock:
+            previous = self._table.get(tc.topic_name)
+            self._put_locked(tc)
+        if previous is None:
+            log.info("created topic %s: %s", tc.topic_name, tc)
+        else:
+            log.info("updated topic %s: %s -> %s", tc.topic_name, previous, tc)
+        self._persist_after_change(persist)
+        self._notify(tc.topic_name, tc)
+        return previous
+
+    def update_topic_sys_flag(self, topic: str, sys_flag: int, *, persist: bool = True) -> TopicConfig | None:
+        """Change a topic's sys flag (unit mode bits) if it differs; returns the resulting config."""
+        with self._lock:
+            current = self._table.get(topic)
+            if current is None or current.topic_sys_flag == sys_flag:
+                return current
+            updated = dataclasses.replace(current, topic_sys_flag=sys_flag)
+            self._put_locked(updated)
+        self._persist_after_change(persist)
+        self._notify(topic, updated)
+        return updated
+
+    def delete_topic(self, topic: str, *, persist: bool = True) -> bool:
+        """Remove a topic; False if it did not exist (nothing changes then)."""
+        with self._lock:
+            if self._table.pop(topic, None) is None:
+                return False
+            self._data_version.next_version()
+            self._mark_changed_locked()
+        log.info("deleted topic %s", topic)
+        self._persist_after_change(persist)
+        self._notify(topic, None)
+        return True
+
+    def _put_locked(self, tc: TopicConfig) -> None:
+        self._table[tc.topic_name] = tc
+        self._data_version.next_version()
+        self._mark_changed_locked()
+
+    # -- slave sync -----------------------------------------------------------------------------
+
+    def replace_all(self, table: Mapping[str, TopicConfig], data_version: DataVersion, *, persist: bool = True) -> bool:
+        """Adopt the master's table and version (slave sync, §7.6); no-op when versions are equal."""
+        with self._lock:
+            if self._data_version == data_version:
+                return False
+            self._table = dict(table)
+            self._data_version.assign(data_version)
+            self._mark_changed_locked()
+        log.info("topic table replaced from master: %d topics, %s", len(table), data_version)
+        self._persist_after_change(persist)
+        return True

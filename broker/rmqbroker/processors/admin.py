@@ -1,0 +1,101 @@
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 201 (reference §2.13, §2.14)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from rmqbroker.metadata.topics import MULTI_TAG, SINGLE_TAG, TopicConfig, is_not_allowed_send_topic, validate_topic
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header
+
+BROKER_VERSION_DESC = "V4_9_8"
+
+
+class AdminProcessor:
+    """Topic administration, runtime info and the GET_ALL_* bodies a slave syncs from."""
+
+    def __init__(self, ctx: BrokerContext, runtime_info: Callable[[], dict[str, str]] | None = None) -> None:
+        self.ctx = ctx
+        self.boot_ms = int(time.time() * 1000)
+        self._runtime_info = runtime_info
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
+        server.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.get_all_topic_config)
+        server.register(RequestCode.GET_ALL_CONSUMER_OFFSET, self.get_all_consumer_offset)
+        server.register(RequestCode.GET_ALL_DELAY_OFFSET, self.get_all_delay_offset)
+        server.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.get_all_subscription_groups)
+        server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
+
+    async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        if ctx.settings.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR,
+                                     "Can't modify topic or subscription group from slave broker, "
+                                     "please execute it from master broker.")
+        h = Header(cmd.ext_fields)
+        topic = h.req_str(wire.TOPIC)
+        problem = validate_topic(topic)
+        if problem is not None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, problem)
+        if is_not_allowed_send_topic(topic):
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        read = h.req_int(wire.READ_QUEUE_NUMS)
+        write = h.req_int(wire.WRITE_QUEUE_NUMS)
+        perm = h.req_int(wire.PERM)
+        filter_type = h.opt_str(wire.TOPIC_FILTER_TYPE) or SINGLE_TAG
+        if not (0 < read <= 1024 and 0 < write <= 1024) or not 0 <= perm <= 15 \
+                or filter_type not in (SINGLE_TAG, MULTI_TAG):
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR,
+                                     "readQueueNums/writeQueueNums must be 1..1024, perm 0..15, "
+                                     "topicFilterType SINGLE_TAG or MULTI_TAG")
+        tc = TopicConfig(topic, read, write, perm, filter_type, h.opt_int(wire.TOPIC_SYS_FLAG, 0),
+                         h.opt_bool(wire.ORDER))
+        ctx.topics.update_topic_config(tc, persist=False)
+        await ctx.topics.persist_async()
+        ctx.register_now()
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        if len(self.ctx.topics) == 0:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
+        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.topics.encode().encode("utf-8"))
+
+    async def get_all_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.offsets.encode().encode("utf-8"))
+
+    async def get_all_delay_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.delay_offsets.encode().encode("utf-8"))
+
+    async def get_all_subscription_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.groups.encode().encode("utf-8"))
+
+    async def get_runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        store = self.ctx.store
+        stats = self.ctx.stats
+        now = int(time.time() * 1000)
+        table = {
+            "brokerVersionDesc": BROKER_VERSION_DESC,
+            "brokerVersion": "409",
+            "msgPutTotalTodayNow": str(stats.msgs_in),
+            "msgGetTotalTodayNow": str(stats.msgs_out),
+            "commitLogMinOffset": str(store.min_phy_offset()),
+            "commitLogMaxOffset": str(store.max_phy_offset()),
+            "dispatchBehindBytes": "0",
+            "bootTimestamp": str(self.boot_ms),
+            "runtime": f"[ {(now - self.boot_ms) // 86_400_000} days, "
+                       f"{(now - self.boot_ms) // 3_600_000 % 24} hours, "
+                       f"{(now - self.boot_ms) // 60_000 % 60} minutes, "
+                       f"{(now - self.boot_ms) // 1000 % 60} seconds ]",
+            "brokerRole": self.ctx.settings.brokerRole,
+        }
+        if self._runtime_info is not None:
+            table.update(self._runtime_info())
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 body=json.dumps({"table": table}, separators=(",", ":")).encode("utf-8"))

@@ -1,0 +1,142 @@
+"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK/UNLOCK_BATCH_MQ (reference §2.6-§2.7, §2.11)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE
+from rmqbroker.processors.clients import ClientChannel, SubscriptionParseError, build_subscription
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def _json_object(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
+    try:
+        obj = fastjson_loads(bytes(body).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} body is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} body is not a JSON object")
+    return obj
+
+
+def _mq_list(obj: dict[str, Any]) -> list[tuple[str, int]]:
+    out = []
+    for mq in obj.get("mqSet") or []:
+        if isinstance(mq, dict) and isinstance(mq.get("topic"), str):
+            out.append((mq["topic"], int(mq.get("queueId", 0))))
+    return out
+
+
+def make_notifier(settings_enabled: bool, group_enabled: Any) -> Any:
+    """Build the NOTIFY_CONSUMER_IDS_CHANGED sender the client registry calls."""
+
+    def notify(group: str, conns: list[Connection]) -> None:
+        if not settings_enabled or not group_enabled(group):
+            return
+        for conn in conns:
+            conn.send_oneway(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                             ext_fields={wire.CONSUMER_GROUP: group}))
+
+    return notify
+
+
+class ClientManageProcessor:
+    """Client registration and orderly-consumption locks."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.HEART_BEAT, self.heartbeat)
+        server.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
+        server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
+        server.register(RequestCode.LOCK_BATCH_MQ, self.lock_batch)
+        server.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock_batch)
+
+    async def heartbeat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            data = _json_object(cmd.body, "heartbeat")
+        except ValueError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        client_id = str(data.get("clientID") or conn.remote_addr)
+        now = time.monotonic()
+        ctx = self.ctx
+        for cd in data.get("consumerDataSet") or []:
+            if not isinstance(cd, dict) or not isinstance(cd.get("groupName"), str):
+                return cmd.make_response(ResponseCode.SYSTEM_ERROR, "consumerData without groupName")
+            group = cd["groupName"]
+            group_cfg = ctx.groups.find(group)
+            if group_cfg is not None and not ctx.settings.is_slave:
+                ctx.topics.create_retry_topic(retry_topic(group), group_cfg.retry_queue_nums,
+                                              PERM_WRITE | PERM_READ, persist=False)
+            subs = []
+            for sd in cd.get("subscriptionDataSet") or []:
+                if not isinstance(sd, dict) or not isinstance(sd.get("topic"), str):
+                    continue
+                try:
+                    version = int(sd.get("subVersion") or 0)
+                    subs.append(build_subscription(sd["topic"], sd.get("subString"), version))
+                except (SubscriptionParseError, ValueError, TypeError) as exc:
+                    return cmd.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
+            channel = ClientChannel(client_id, conn, cmd.language, cmd.version, now)
+            ctx.clients.register_consumer(group, channel, cd.get("consumeType"), cd.get("messageModel"),
+                                          cd.get("consumeFromWhere"), subs)
+        for pd in data.get("producerDataSet") or []:
+            if isinstance(pd, dict) and isinstance(pd.get("groupName"), str):
+                ctx.clients.register_producer(pd["groupName"],
+                                              ClientChannel(client_id, conn, cmd.language, cmd.version, now))
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        self.ctx.clients.unregister(conn, h.opt_str(wire.PRODUCER_GROUP) or None,
+                                    h.opt_str(wire.CONSUMER_GROUP) or None)
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def consumer_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group = Header(cmd.ext_fields).req_str(wire.CONSUMER_GROUP)
+        ids = self.ctx.clients.consumer_ids(group)
+        if not ids:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
+
+    async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            req = _json_object(cmd.body, "lock")
+        except ValueError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        group = str(req.get("consumerGroup") or "")
+        client_id = str(req.get("clientId") or "")
+        if not group or not client_id:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "lock request needs consumerGroup and clientId")
+        locked = self.ctx.clients.try_lock(group, client_id, _mq_list(req))
+        name = self.ctx.settings.brokerName
+        body = {"lockOKMQSet": [{"brokerName": name, "queueId": q, "topic": t} for t, q in locked]}
+        return cmd.make_response(ResponseCode.SUCCESS, body=json.dumps(body, separators=(",", ":")).encode())
+
+    async def unlock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            req = _json_object(cmd.body, "unlock")
+        except ValueError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        self.ctx.clients.unlock(str(req.get("consumerGroup") or ""), str(req.get("clientId") or ""),
+                                _mq_list(req))
+        return cmd.make_response(ResponseCode.SUCCESS)

@@ -1,0 +1,227 @@
+"""Client registry: producers and consumers by group, their subscriptions, queue locks.
+
+Fed by HEART_BEAT / UNREGISTER_CLIENT and connection closes (reference §2.6, §2.7, §2.11).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmqbroker.remoting.server import Connection
+from rmqbroker.store.record import java_string_hash
+
+log = logging.getLogger(__name__)
+
+SUB_ALL = "*"
+
+
+class SubscriptionParseError(ValueError):
+    """A tag expression that cannot be parsed."""
+
+
+@dataclass(slots=True)
+class SubscriptionData:
+    topic: str
+    sub_string: str
+    sub_version: int
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.codes
+
+    def match_code(self, tags_code: int) -> bool:
+        return not self.codes or tags_code in self.codes
+
+    def match_tag(self, tag: str | None) -> bool:
+        return not self.tags or (tag is not None and tag in self.tags)
+
+
+def build_subscription(topic: str, expression: str | None, sub_version: int = 0) -> SubscriptionData:
+    """Parse a TAG expression (``*``, ``TagA || TagB``); codes are computed here, never trusted."""
+    expr = (expression or "").strip()
+    if not expr or expr == SUB_ALL:
+        return SubscriptionData(topic, SUB_ALL, sub_version, frozenset(), frozenset())
+    tags = [t.strip() for t in expr.split("||")]
+    tags = [t for t in tags if t]
+    if not tags:
+        raise SubscriptionParseError(f"subscription expression {expression!r} has no tags")
+    return SubscriptionData(topic, expr, sub_version, frozenset(tags),
+                            frozenset(java_string_hash(t) for t in tags))
+
+
+def _enum(value: Any, names: tuple[str, ...], default: int) -> int:
+    # C++ sends ordinals, Java sends enum names; accept both.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value in names:
+            return names.index(value)
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+CONSUME_TYPES = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY")
+MESSAGE_MODELS = ("BROADCASTING", "CLUSTERING")
+CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST",
+                "CONSUME_FROM_MIN_OFFSET", "CONSUME_FROM_MAX_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
+                "CONSUME_FROM_TIMESTAMP")
+
+
+@dataclass(slots=True)
+class ClientChannel:
+    client_id: str
+    conn: Connection
+    language: str
+    version: int
+    last_update: float
+
+
+@dataclass
+class ConsumerGroupInfo:
+    group: str
+    consume_type: int = 1
+    message_model: int = 1
+    consume_from_where: int = 0
+    channels: dict[int, ClientChannel] = field(default_factory=dict)  # by connection id
+    subscriptions: dict[str, SubscriptionData] = field(default_factory=dict)
+
+    def client_ids(self) -> list[str]:
+        return sorted({ch.client_id for ch in self.channels.values()})
+
+
+@dataclass(slots=True)
+class _Lock:
+    client_id: str
+    last_update: float
+
+
+class ClientManager:
+    """Consumer and producer groups, keyed by the connections their heartbeats arrive on."""
+
+    def __init__(self, notify: Callable[[str, list[Connection]], None] | None = None,
+                 lock_max_live_seconds: float = 60.0) -> None:
+        self.consumers: dict[str, ConsumerGroupInfo] = {}
+        self.producers: dict[str, dict[int, ClientChannel]] = {}
+        self._notify = notify
+        self._locks: dict[tuple[str, str, int], _Lock] = {}  # (group, topic, queueId)
+        self.lock_max_live_seconds = lock_max_live_seconds
+
+    # -- registration --
+    def register_consumer(self, group: str, channel: ClientChannel, consume_type: Any, message_model: Any,
+                          consume_from_where: Any, subscriptions: list[SubscriptionData]) -> bool:
+        """Register/refresh; returns True when the group's membership or subscriptions changed."""
+        info = self.consumers.get(group)
+        if info is None:
+            info = ConsumerGroupInfo(group)
+            self.consumers[group] = info
+        info.consume_type = _enum(consume_type, CONSUME_TYPES, 1)
+        info.message_model = _enum(message_model, MESSAGE_MODELS, 1)
+        info.consume_from_where = _enum(consume_from_where, CONSUME_FROM, 0)
+        new_channel = channel.conn.id not in info.channels
+        info.channels[channel.conn.id] = channel
+        changed = new_channel
+        if subscriptions or not info.subscriptions:
+            new_subs = {s.topic: s for s in subscriptions}
+            old = {t: s.sub_string for t, s in info.subscriptions.items()}
+            if old != {t: s.sub_string for t, s in new_subs.items()}:
+                changed = True
+            info.subscriptions = new_subs
+        if new_channel:
+            channel.conn.on_close(self.connection_closed)
+        if changed:
+            self._notify_group(info)
+        return changed
+
+    def register_producer(self, group: str, channel: ClientChannel) -> None:
+        chans = self.producers.setdefault(group, {})
+        if channel.conn.id not in chans:
+            channel.conn.on_close(self.connection_closed)
+        chans[channel.conn.id] = channel
+
+    def unregister(self, conn: Connection, producer_group: str | None, consumer_group: str | None) -> None:
+        if producer_group:
+            chans = self.producers.get(producer_group)
+            if chans is not None:
+                chans.pop(conn.id, None)
+                if not chans:
+                    del self.producers[producer_group]
+        if consumer_group:
+            info = self.consumers.get(consumer_group)
+            if info is not None and info.channels.pop(conn.id, None) is not None:
+                self._after_consumer_removed(info)
+
+    def connection_closed(self, conn: Connection) -> None:
+        for group, chans in list(self.producers.items()):
+            if chans.pop(conn.id, None) is not None and not chans:
+                del self.producers[group]
+        for info in list(self.consumers.values()):
+            if info.channels.pop(conn.id, None) is not None:
+                self._after_consumer_removed(info)
+
+    def _after_consumer_removed(self, info: ConsumerGroupInfo) -> None:
+        if info.channels:
+            self._notify_group(info)
+        else:
+            # Keep nothing for a group with no live client: its subscriptions are gone too.
+            self.consumers.pop(info.group, None)
+
+    def scan_expired(self, expiry_seconds: float, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        dropped = 0
+        for info in list(self.consumers.values()):
+            for cid, ch in list(info.channels.items()):
+                if now - ch.last_update > expiry_seconds:
+                    log.info("consumer %s of %s expired", ch.client_id, info.group)
+                    del info.channels[cid]
+                    ch.conn.close()
+                    dropped += 1
+            if dropped:
+                self._after_consumer_removed(info)
+        for group, chans in list(self.producers.items()):
+            for cid, ch in list(chans.items()):
+                if now - ch.last_update > expiry_seconds:
+                    del chans[cid]
+                    dropped += 1
+            if not chans:
+                del self.producers[group]
+        return dropped
+
+    def _notify_group(self, info: ConsumerGroupInfo) -> None:
+        if self._notify is not None:
+            self._notify(info.group, [ch.conn for ch in info.channels.values()])
+
+    # -- queries --
+    def find_subscription(self, group: str, topic: str) -> SubscriptionData | None:
+        info = self.consumers.get(group)
+        return None if info is None else info.subscriptions.get(topic)
+
+    def consumer_ids(self, group: str) -> list[str]:
+        info = self.consumers.get(group)
+        return [] if info is None else info.client_ids()
+
+    # -- orderly consumption locks (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ) --
+    def try_lock(self, group: str, client_id: str, mqs: list[tuple[str, int]],
+                 now: float | None = None) -> list[tuple[str, int]]:
+        now = time.monotonic() if now is None else now
+        locked = []
+        for topic, qid in mqs:
+            key = (group, topic, qid)
+            lock = self._locks.get(key)
+            if lock is None or lock.client_id == client_id or now - lock.last_update > self.lock_max_live_seconds:
+                self._locks[key] = _Lock(client_id, now)
+                locked.append((topic, qid))
+        return locked
+
+    def unlock(self, group: str, client_id: str, mqs: list[tuple[str, int]]) -> None:
+        for topic, qid in mqs:
+            key = (group, topic, qid)
+            lock = self._locks.get(key)
+            if lock is not None and lock.client_id == client_id:
+                del self._locks[key]

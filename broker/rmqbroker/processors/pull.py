@@ -1,0 +1,224 @@
+"""PULL_MESSAGE with long polling (reference §2.5).
+
+A pull that finds nothing and carries the SUSPEND flag is parked in :class:`PullHoldService`
+and answered when a message arrives on its queue or its suspend timeout passes. The C++ client
+re-pulls immediately on every empty answer, so parking is what keeps idle consumers cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from rmqbroker.metadata.topics import perm_readable
+from rmqbroker.processors.clients import SubscriptionData, SubscriptionParseError, build_subscription
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header
+from rmqbroker.store.message_store import GetMessageStatus
+
+log = logging.getLogger(__name__)
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+
+_STATUS_CODE: dict[GetMessageStatus, int] = {
+    GetMessageStatus.FOUND: ResponseCode.SUCCESS,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.NO_MATCHED_LOGIC_QUEUE: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+}
+# Statuses whose nextBeginOffset a slave must not "correct" (offsetCheckInSlave=false).
+_CORRECTIVE = frozenset({GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+                         GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                         GetMessageStatus.OFFSET_TOO_SMALL})
+
+
+@dataclass(slots=True)
+class _HeldPull:
+    conn: Connection
+    cmd: RemotingCommand
+    offset: int
+    deadline: float
+
+
+class PullMessageProcessor:
+    """Serves PULL_MESSAGE from the store, parking empty long-polls."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.holds = PullHoldService(self)
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.PULL_MESSAGE, self.pull)
+
+    async def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        return self.process(conn, cmd, allow_suspend=True)
+
+    def process(self, conn: Connection, cmd: RemotingCommand, allow_suspend: bool) -> RemotingCommand | None:
+        ctx = self.ctx
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.CONSUMER_GROUP)
+        topic = h.req_str(wire.TOPIC)
+        queue_id = h.req_int(wire.QUEUE_ID)
+        offset = h.req_int(wire.QUEUE_OFFSET)
+        max_msgs = h.req_int(wire.MAX_MSG_NUMS)
+        sys_flag = h.req_int(wire.SYS_FLAG)
+        commit_offset = h.opt_int(wire.COMMIT_OFFSET, -1)
+        suspend_ms = h.opt_int(wire.SUSPEND_TIMEOUT_MILLIS, 15000)
+
+        if not perm_readable(ctx.settings.brokerPermission):
+            return cmd.make_response(ResponseCode.NO_PERMISSION,
+                                     f"the broker[{ctx.settings.host_ip}] pulling message is forbidden")
+        group_cfg = ctx.groups.find(group, persist=False)
+        if group_cfg is None:
+            return cmd.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                     f"subscription group [{group}] does not exist")
+        if not group_cfg.consume_enable:
+            return cmd.make_response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+        tc = ctx.topics.select(topic)
+        if tc is None:
+            return cmd.make_response(ResponseCode.TOPIC_NOT_EXIST,
+                                     f"topic[{topic}] not exist, apply first please!")
+        if not tc.readable:
+            return cmd.make_response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        if queue_id < 0 or queue_id >= tc.read_queue_nums:
+            return cmd.make_response(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+                f"[{tc.read_queue_nums}] consumer:[{conn.remote_addr}]")
+        if max_msgs <= 0:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"maxMsgNums[{max_msgs}] must be positive")
+
+        sub: SubscriptionData | None
+        if sys_flag & FLAG_SUBSCRIPTION:
+            try:
+                sub = build_subscription(topic, h.opt_str(wire.SUBSCRIPTION), h.opt_int(wire.SUB_VERSION, 0))
+            except SubscriptionParseError as exc:
+                return cmd.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
+        else:
+            sub = ctx.clients.find_subscription(group, topic)
+            if sub is None:
+                return cmd.make_response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                                         f"the consumer's subscription not exist, group: {group}")
+            if sub.sub_version < h.opt_int(wire.SUB_VERSION, 0):
+                return cmd.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST,
+                                         "the consumer's subscription not latest")
+
+        result = ctx.store.get_message(group, topic, queue_id, offset, max_msgs,
+                                       None if sub.matches_all else sub.match_code)
+        status = result.status
+        next_begin = result.next_begin_offset
+        is_slave = ctx.settings.is_slave
+        code: int
+        if status is GetMessageStatus.NO_MESSAGE_IN_QUEUE:
+            code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
+        else:
+            code = _STATUS_CODE[status]
+        if is_slave and status in _CORRECTIVE:
+            next_begin = offset
+            if code == ResponseCode.PULL_OFFSET_MOVED:
+                code = ResponseCode.PULL_RETRY_IMMEDIATELY
+
+        if allow_suspend and sys_flag & FLAG_COMMIT_OFFSET and not is_slave and commit_offset >= 0:
+            ctx.offsets.commit(group, topic, queue_id, commit_offset)
+
+        if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and sys_flag & FLAG_SUSPEND:
+            hold_ms = suspend_ms if ctx.settings.longPollingEnable else ctx.settings.shortPollingTimeMills
+            self.holds.hold(topic, queue_id, _HeldPull(conn, cmd, offset, time.monotonic() + hold_ms / 1000))
+            ctx.stats.pull_held += 1
+            return None
+
+        ext = {
+            wire.NEXT_BEGIN_OFFSET: str(next_begin),
+            wire.MIN_OFFSET: str(result.min_offset),
+            wire.MAX_OFFSET: str(result.max_offset),
+            wire.SUGGEST_WHICH_BROKER_ID: str(self._suggest_broker(group_cfg.which_broker_when_consume_slowly)),
+        }
+        if code == ResponseCode.SUCCESS:
+            body = result.body()
+            ctx.stats.msgs_out += result.message_count
+            ctx.stats.bytes_out += len(body)
+            return cmd.make_response(code, "FOUND", ext_fields=ext, body=body)
+        return cmd.make_response(code, status.name, ext_fields=ext)
+
+    def _suggest_broker(self, when_slow: int) -> int:
+        settings = self.ctx.settings
+        if settings.slaveReadEnable and settings.is_slave:
+            return settings.brokerId
+        return 0
+
+
+class PullHoldService:
+    """Parked pulls per (topic, queueId), woken by message arrival or their deadline."""
+
+    def __init__(self, processor: PullMessageProcessor, check_interval: float = 1.0) -> None:
+        self.processor = processor
+        self.check_interval = check_interval
+        self._held: dict[tuple[str, int], list[_HeldPull]] = {}
+
+    def hold(self, topic: str, queue_id: int, req: _HeldPull) -> None:
+        self._held.setdefault((topic, queue_id), []).append(req)
+
+    @property
+    def held_count(self) -> int:
+        return sum(len(v) for v in self._held.values())
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Store callback after a dispatch; answers parked pulls that now have data."""
+        key = (topic, queue_id)
+        waiting = self._held.get(key)
+        if not waiting:
+            return
+        ready = [r for r in waiting if max_offset > r.offset]
+        if not ready:
+            return
+        self._held[key] = [r for r in waiting if max_offset <= r.offset]
+        if not self._held[key]:
+            del self._held[key]
+        # Answer after the put that triggered us has returned: the send stays fast.
+        asyncio.get_running_loop().call_soon(self._answer, ready)
+
+    def _answer(self, reqs: list[_HeldPull]) -> None:
+        for req in reqs:
+            if req.conn.closed:
+                continue
+            try:
+                resp = self.processor.process(req.conn, req.cmd, allow_suspend=False)
+            except Exception as exc:
+                log.exception("re-executing a held pull failed")
+                resp = req.cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            if resp is not None:
+                req.conn.send_response(resp)
+
+    async def run(self) -> None:
+        """Expire parked pulls whose deadline passed (they are answered with what is there now)."""
+        while True:
+            await asyncio.sleep(self.check_interval)
+            self.check_deadlines()
+
+    def check_deadlines(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        due: list[_HeldPull] = []
+        for key in list(self._held):
+            keep: list[_HeldPull] = []
+            for r in self._held[key]:
+                if r.conn.closed:
+                    continue
+                (due if r.deadline <= now else keep).append(r)
+            if keep:
+                self._held[key] = keep
+            else:
+                del self._held[key]
+        if due:
+            self._answer(due)

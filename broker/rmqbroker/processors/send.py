@@ -1,0 +1,262 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) and CONSUMER_SEND_MSG_BACK (36).
+
+Reference §2.4, §2.10, §3.7, §6.2. Every check that can reject a request runs before the store
+is touched, so a rejected send never leaves bytes behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+
+from rmqbroker.metadata.topics import (
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+    dlq_topic,
+    is_not_allowed_send_topic,
+    retry_topic,
+    validate_topic,
+)
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header, normalize_send_v2
+from rmqbroker.store import record as rec
+from rmqbroker.store.errors import CorruptRecordError
+from rmqbroker.store.message_store import MessageBatchInner, MessageInner, PutMessageStatus, PutResult
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+MSG_REGION_DEFAULT = "DefaultRegion"
+
+# PutMessageStatus -> (response code, remark, header filled)
+_PUT_STATUS: dict[PutMessageStatus, tuple[int, str | None, bool]] = {
+    PutMessageStatus.PUT_OK: (ResponseCode.SUCCESS, None, True),
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: (ResponseCode.FLUSH_DISK_TIMEOUT, None, True),
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: (ResponseCode.FLUSH_SLAVE_TIMEOUT, None, True),
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: (ResponseCode.SLAVE_NOT_AVAILABLE, None, True),
+    PutMessageStatus.CREATE_MAPEDFILE_FAILED: (ResponseCode.SYSTEM_ERROR, "create mapped file failed, server is busy "
+                                               "or broken.", False),
+    PutMessageStatus.MESSAGE_ILLEGAL: (ResponseCode.MESSAGE_ILLEGAL, "the message is illegal, maybe msg body or "
+                                       "properties length not matched. msg body length limit 128k, msg "
+                                       "properties length limit 32k.", False),
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: (ResponseCode.MESSAGE_ILLEGAL, "the message is illegal, maybe msg "
+                                                "properties length limit 32k.", False),
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: (ResponseCode.SERVICE_NOT_AVAILABLE, "service not available now. It "
+                                             "may be caused by one of the following reasons: the broker's disk is "
+                                             "full, messages are put to the slave, message store has been shut "
+                                             "down, etc.", False),
+    PutMessageStatus.OS_PAGECACHE_BUSY: (ResponseCode.SYSTEM_ERROR, "[PC_SYNCHRONIZED]broker busy, start flow "
+                                         "control for a while", False),
+    PutMessageStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR", False),
+}
+
+
+class SendRejected(Exception):
+    """A send refused before it reached the store."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+
+
+def _ip_bytes(host: str) -> bytes:
+    return rec.ip_to_bytes(host)
+
+
+class SendMessageProcessor:
+    """Stores messages sent by producers and failed messages sent back by consumers."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        settings = ctx.settings
+        self._store_host = (settings.host_ip, settings.listenPort)
+        self._cluster = settings.brokerClusterName
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.SEND_MESSAGE, self.send)
+        server.register(RequestCode.SEND_MESSAGE_V2, self.send)
+        server.register(RequestCode.SEND_BATCH_MESSAGE, self.send)
+        server.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
+
+    # -- checks shared by single and batch sends --
+    def _check(self, topic: str, queue_id: int, default_topic: str, default_nums: int, sys_flag: int,
+               remote: str) -> TopicConfig:
+        ctx = self.ctx
+        if ctx.settings.is_slave:
+            raise SendRejected(ResponseCode.SERVICE_NOT_AVAILABLE,
+                               "service not available now: this broker is a SLAVE and does not accept sends")
+        if not ctx.settings.brokerPermission & PERM_WRITE:
+            raise SendRejected(ResponseCode.NO_PERMISSION,
+                               f"the broker[{ctx.settings.host_ip}] sending message is forbidden")
+        problem = validate_topic(topic)
+        if problem is not None:
+            raise SendRejected(ResponseCode.SYSTEM_ERROR, problem)
+        if is_not_allowed_send_topic(topic):
+            raise SendRejected(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        tc = ctx.topics.select(topic)
+        if tc is None:
+            if topic.startswith(RETRY_PREFIX):
+                tc = ctx.topics.create_retry_topic(topic, 1, PERM_WRITE | PERM_READ, persist=False)
+            else:
+                tc = ctx.topics.create_topic_in_send_message_method(topic, default_topic, remote, default_nums,
+                                                                    0, persist=False)
+            if tc is None:
+                raise SendRejected(ResponseCode.TOPIC_NOT_EXIST,
+                                   f"topic[{topic}] not exist, apply first please!")
+            ctx.register_now()
+        if queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
+            raise SendRejected(ResponseCode.SYSTEM_ERROR,
+                               f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
+                               f"topicConfig.writeQueueNums:[{tc.write_queue_nums}] "
+                               f"topicConfig.readQueueNums:[{tc.read_queue_nums}] producer:[{remote}]")
+        return tc
+
+    async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = normalize_send_v2(cmd.ext_fields) if cmd.code != RequestCode.SEND_MESSAGE else cmd.ext_fields
+        h = Header(ext)
+        topic = h.req_str(wire.TOPIC)
+        queue_id = h.req_int(wire.QUEUE_ID)
+        sys_flag = h.req_int(wire.SYS_FLAG)
+        # The C++ client marks batches with "1", which Java's parseBoolean reads as false (storing the
+        # whole batch as one message, rocketmq-client-cpp #189); unpacking is what its users expect.
+        batch_raw = (h.opt_str(wire.BATCH) or "").lower()
+        is_batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or batch_raw in ("true", "1")
+        try:
+            tc = self._check(topic, queue_id, h.req_str(wire.DEFAULT_TOPIC), h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS),
+                             sys_flag, conn.remote_addr)
+            if queue_id < 0:
+                queue_id = random.randrange(max(tc.write_queue_nums, 1))
+            props = rec.decode_properties(h.opt_str(wire.PROPERTIES) or "")
+            reconsume_times = h.opt_int(wire.RECONSUME_TIMES, 0)
+            if topic.startswith(RETRY_PREFIX) and not is_batch:
+                topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times,
+                                                     h.opt_int(wire.MAX_RECONSUME_TIMES, -1), cmd.version, props)
+            if tc.topic_filter_type == "MULTI_TAG":
+                sys_flag |= rec.MULTI_TAGS
+            props[rec.CLUSTER] = self._cluster
+            body = bytes(cmd.body)
+            born_host = (conn.remote_host, conn.remote_port)
+            born_ts = h.req_int(wire.BORN_TIMESTAMP)
+            flag = h.req_int(wire.FLAG)
+            if is_batch:
+                batch = self._unpack_batch(topic, queue_id, body, sys_flag, props, born_ts, born_host)
+                result = await self.ctx.store.put_messages(batch)
+            else:
+                msg = MessageInner(topic=topic, queue_id=queue_id, flag=flag, body=body, properties=props,
+                                   sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+                                   reconsume_times=reconsume_times)
+                result = await self.ctx.store.put_message(msg)
+        except SendRejected as exc:
+            self.ctx.stats.rejected(exc.code)
+            return cmd.make_response(exc.code, exc.remark)
+        return self._response(cmd, result, queue_id, len(cmd.body))
+
+    def _retry_or_dlq(self, topic: str, queue_id: int, reconsume_times: int, max_reconsume: int, version: int,
+                      props: dict[str, str]) -> tuple[str, int]:
+        group = topic[len(RETRY_PREFIX):]
+        cfg = self.ctx.groups.find(group, persist=False)
+        if cfg is None:
+            raise SendRejected(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                               f"subscription group not exist, {group}")
+        limit = max_reconsume if version >= 121 and max_reconsume >= 0 else cfg.retry_max_times
+        if reconsume_times < limit:
+            return topic, queue_id
+        dlq = dlq_topic(group)
+        self.ctx.topics.create_retry_topic(dlq, 1, PERM_WRITE | PERM_READ, persist=False)
+        props.pop(rec.DELAY, None)
+        log.info("message for %s reached %d reconsumes: to %s", topic, reconsume_times, dlq)
+        return dlq, 0
+
+    def _unpack_batch(self, topic: str, queue_id: int, body: bytes, sys_flag: int, props: dict[str, str],
+                      born_ts: int, born_host: tuple[str, int]) -> MessageBatchInner:
+        if topic.startswith(RETRY_PREFIX):
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
+        if sys_flag & rec.COMPRESSED:
+            # C++ compresses a whole batch body of 4 KiB or more; its entries are plain.
+            try:
+                body = zlib.decompress(body)
+            except zlib.error as exc:
+                raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"compressed batch body is corrupt: {exc}") from exc
+            sys_flag &= ~rec.COMPRESSED
+        try:
+            entries = rec.decode_batch_body(body)
+        except CorruptRecordError as exc:
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"batch body is malformed: {exc}") from exc
+        if not entries:
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch body has no messages")
+        if rec.DELAY in props or any(rec.get_property(e.properties, rec.DELAY) for e in entries):
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot carry a delay level")
+        return MessageBatchInner(topic=topic, queue_id=queue_id, body=body, properties=props, sys_flag=sys_flag,
+                                 born_timestamp=born_ts, born_host=born_host, entries=entries)
+
+    def _response(self, cmd: RemotingCommand, result: PutResult, queue_id: int, nbytes: int) -> RemotingCommand:
+        code, remark, filled = _PUT_STATUS[result.status]
+        if not filled:
+            self.ctx.stats.rejected(code)
+            return cmd.make_response(code, remark)
+        stats = self.ctx.stats
+        stats.msgs_in += result.msg_num
+        stats.bytes_in += nbytes
+        return cmd.make_response(code, remark, ext_fields={
+            wire.MSG_ID: result.msg_id,
+            wire.QUEUE_ID: str(queue_id),
+            wire.QUEUE_OFFSET: str(result.queue_offset),
+            wire.MSG_REGION: MSG_REGION_DEFAULT,
+            wire.TRACE_ON: "true",
+        })
+
+    # -- CONSUMER_SEND_MSG_BACK --
+    async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.GROUP)
+        offset = h.req_int(wire.OFFSET)
+        delay_level = h.opt_int(wire.DELAY_LEVEL, 0)
+        cfg = ctx.groups.find(group, persist=False)
+        if cfg is None:
+            return cmd.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                     f"subscription group not exist, {group}")
+        if not ctx.writable:
+            return cmd.make_response(ResponseCode.NO_PERMISSION,
+                                     f"the broker[{ctx.settings.host_ip}] sending message is forbidden")
+        if cfg.retry_queue_nums <= 0:
+            return cmd.make_response(ResponseCode.SUCCESS)
+        raw = ctx.store.look_message_by_offset(offset)
+        if raw is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        try:
+            orig = rec.decode_record(raw, 0)
+        except CorruptRecordError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}: {exc}")
+        props = dict(orig.properties)
+        props.setdefault(rec.RETRY_TOPIC, orig.topic)
+        props[rec.WAIT] = "false"
+        max_times = cfg.retry_max_times
+        if cmd.version >= 121:
+            max_times = h.opt_int(wire.MAX_RECONSUME_TIMES, max_times)
+        if orig.reconsume_times >= max_times or delay_level < 0:
+            topic = dlq_topic(group)
+            ctx.topics.create_retry_topic(topic, 1, PERM_WRITE | PERM_READ, persist=False)
+            queue_id = 0
+            props.pop(rec.DELAY, None)
+        else:
+            topic = retry_topic(group)
+            tc = ctx.topics.create_retry_topic(topic, cfg.retry_queue_nums, PERM_WRITE | PERM_READ, persist=False)
+            queue_id = random.randrange(max(tc.write_queue_nums, 1))
+            props[rec.DELAY] = str(delay_level if delay_level > 0 else 3 + orig.reconsume_times)
+        props.setdefault(rec.ORIGIN_MESSAGE_ID, h.opt_str(wire.ORIGIN_MSG_ID) or orig.msg_id)
+        msg = MessageInner(topic=topic, queue_id=queue_id, flag=orig.flag, body=orig.body, properties=props,
+                           sys_flag=orig.sys_flag, born_timestamp=orig.born_timestamp, born_host=orig.born_host,
+                           reconsume_times=orig.reconsume_times + 1)
+        result = await ctx.store.put_message(msg)
+        if result.status is PutMessageStatus.PUT_OK:
+            ctx.stats.msgs_in += 1
+            return cmd.make_response(ResponseCode.SUCCESS)
+        return cmd.make_response(ResponseCode.SYSTEM_ERROR, result.status.name)

@@ -1,0 +1,152 @@
+"""ConsumerOffsetManager / consumerOffset.json (§5.2, §2.8, §7.6)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
+from rmqbroker.metadata.errors import MetadataLoadError
+
+# What a 4.9.x broker writes: fastjson pretty print, bare integer keys, odd closing-brace breaks.
+JAVA_CONSUMER_OFFSET_JSON = """{
+\t"offsetTable":{
+\t\t"%RETRY%please_rename_unique_group_name_4@please_rename_unique_group_name_4":{0:0
+\t\t},
+\t\t"TopicTest@please_rename_unique_group_name_4":{0:250,1:250,2:249,3:251
+\t\t},
+\t\t"OrderTopic@CG2":{0:12,1:7,-1:3
+\t\t}
+\t}
+}"""
+
+# GET_ALL_CONSUMER_OFFSET body from a Java master (compact, bare integer keys, 5.x dataVersion).
+JAVA_GET_ALL_BODY = '{"dataVersion":{"counter":1,"timestamp":1},"offsetTable":{"TopicTest@CG":{0:12,1:7}}}'
+
+
+def test_loads_java_written_file(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json").write_text(JAVA_CONSUMER_OFFSET_JSON)
+    mgr = ConsumerOffsetManager(config_dir)
+    group = "please_rename_unique_group_name_4"
+    assert mgr.query(group, "TopicTest", 2) == 249
+    assert mgr.query(group, f"%RETRY%{group}", 0) == 0
+    assert mgr.query("CG2", "OrderTopic", -1) == 3
+    assert mgr.query(group, "TopicTest", 9) == -1
+    assert mgr.query("nobody", "TopicTest", 0) == -1
+    assert not mgr.dirty
+
+
+def test_commit_query_and_dirty_tracking(config_dir: Path) -> None:
+    mgr = ConsumerOffsetManager(config_dir)
+    assert not mgr.dirty
+    assert not mgr.persist_if_dirty()
+    assert not (config_dir / "consumerOffset.json").exists()
+
+    mgr.commit("CG", "TopicTest", 0, 12)
+    mgr.commit("CG", "TopicTest", 1, 7)
+    assert mgr.dirty
+    assert mgr.query("CG", "TopicTest", 0) == 12
+    assert mgr.persist_if_dirty()
+    assert not mgr.dirty
+    assert json.loads((config_dir / "consumerOffset.json").read_text()) == {
+        "offsetTable": {"TopicTest@CG": {"0": 12, "1": 7}}
+    }
+
+    # Re-committing the same value is not a change; an unchanged table is not rewritten.
+    stat = (config_dir / "consumerOffset.json").stat()
+    mgr.commit("CG", "TopicTest", 0, 12)
+    assert not mgr.dirty and not mgr.persist_if_dirty()
+    assert (config_dir / "consumerOffset.json").stat().st_ino == stat.st_ino
+
+    mgr.commit("CG", "TopicTest", 0, 5, client_host="10.0.0.1:1234")  # moving back is allowed
+    assert mgr.query("CG", "TopicTest", 0) == 5 and mgr.dirty
+
+
+def test_encode_uses_quoted_keys_in_numeric_order(config_dir: Path) -> None:
+    mgr = ConsumerOffsetManager(config_dir)
+    for queue in (10, 2, 1):
+        mgr.commit("G", "T", queue, queue * 100)
+    assert mgr.encode() == '{"offsetTable":{"T@G":{"1":100,"2":200,"10":1000}}}'
+    assert decode_consumer_offsets(mgr.encode(pretty=True)) == {"T@G": {1: 100, 2: 200, 10: 1000}}
+
+
+def test_round_trip_through_disk(config_dir: Path) -> None:
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.commit("G1", "T1", 0, 1)
+    mgr.commit("G2", "T1", 3, 9)
+    mgr.persist()
+    again = ConsumerOffsetManager(config_dir)
+    assert again.table() == mgr.table() == {"T1@G1": {0: 1}, "T1@G2": {3: 9}}
+
+
+def test_helpers(config_dir: Path) -> None:
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.commit("G1", "T1", 0, 1)
+    mgr.commit("G1", "T2", 1, 2)
+    mgr.commit("G2", "T1", 0, 3)
+    assert mgr.offsets_for_group("G1") == {"T1": {0: 1}, "T2": {1: 2}}
+    assert mgr.which_groups_by_topic("T1") == {"G1", "G2"}
+    assert mgr.which_topics_by_group("G1") == {"T1", "T2"}
+    assert mgr.query_all("G1", "T2") == {1: 2}
+    assert mgr.query_all("G9", "T2") == {}
+    assert mgr.clone_offset("G1", "G3", "T1")
+    assert mgr.query("G3", "T1", 0) == 1
+    assert not mgr.clone_offset("nobody", "G3", "T1")
+    mgr.persist()
+    assert mgr.remove_offsets("G1", "T2")
+    assert mgr.which_topics_by_group("G1") == {"T1"}
+    assert mgr.remove_offsets("G1")
+    assert not mgr.remove_offsets("G1")
+    assert mgr.dirty
+
+
+def test_merge_all_replaces_per_key(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json").write_text('{"offsetTable":{"TopicTest@CG":{0:1,1:1,2:1},"Local@CG":{0:5}}}')
+    mgr = ConsumerOffsetManager(config_dir)
+    incoming = decode_consumer_offsets(JAVA_GET_ALL_BODY)
+    assert incoming == {"TopicTest@CG": {0: 12, 1: 7}}
+    mgr.merge_all(incoming)
+    assert mgr.table() == {"TopicTest@CG": {0: 12, 1: 7}, "Local@CG": {0: 5}}
+    assert mgr.dirty
+    mgr.persist()
+    assert json.loads((config_dir / "consumerOffset.json").read_text())["offsetTable"]["TopicTest@CG"] == {
+        "0": 12,
+        "1": 7,
+    }
+    # The merged copy is independent of the caller's mapping.
+    incoming["TopicTest@CG"][0] = 999
+    assert mgr.query("CG", "TopicTest", 0) == 12
+
+
+def test_unknown_top_level_fields_are_kept(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json").write_text(JAVA_GET_ALL_BODY)
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.commit("CG", "TopicTest", 0, 13)
+    mgr.persist()
+    disk = json.loads((config_dir / "consumerOffset.json").read_text())
+    assert disk["dataVersion"] == {"counter": 1, "timestamp": 1}
+    assert disk["offsetTable"] == {"TopicTest@CG": {"0": 13, "1": 7}}
+
+
+def test_truncated_file_uses_bak(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json.bak").write_text(JAVA_CONSUMER_OFFSET_JSON)
+    (config_dir / "consumerOffset.json").write_text(JAVA_CONSUMER_OFFSET_JSON[:90])
+    mgr = ConsumerOffsetManager(config_dir)
+    assert mgr.query("CG2", "OrderTopic", 1) == 7
+
+
+def test_bad_offset_value_without_bak_is_fatal(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json").write_text('{"offsetTable":{"T@G":{0:"x"}}}')
+    with pytest.raises(MetadataLoadError):
+        ConsumerOffsetManager(config_dir)
+
+
+async def test_persist_async(config_dir: Path) -> None:
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.commit("G", "T", 0, 42)
+    await mgr.persist_async()
+    assert not mgr.dirty
+    assert not await mgr.persist_if_dirty_async()
+    assert ConsumerOffsetManager(config_dir).query("G", "T", 0) == 42
