@@ -11,10 +11,10 @@ import asyncio
 import itertools
 import logging
 import struct
-from typing import cast
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from rmqbroker.remoting.codes import FLAG_ONEWAY, ResponseCode
 from rmqbroker.remoting.frame import (

@@ -1,0 +1,1 @@
+"""Test support: real nameserver and broker processes on loopback."""

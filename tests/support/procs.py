@@ -1,0 +1,219 @@
+"""Start real `rmq-namesrv` / `rmq-broker` processes on free loopback ports and wait until they serve."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """A base port with n consecutive free ports (broker: listen, listen+1 for HA)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n >= 65535:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def wait_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {host}:{port} did not open within {timeout}s")
+
+
+@dataclass
+class Proc:
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill9(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def signal(self, sig: int) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Namesrv(Proc):
+    def __init__(self, workdir: Path, port: int | None = None, expiry: float = 120.0) -> None:
+        self.port = port or free_port()
+        super().__init__([PY, "-m", "rmqbroker.namesrv.main", "--listen", f"127.0.0.1:{self.port}",
+                          "--broker-expiry-seconds", str(expiry)], workdir / f"namesrv-{self.port}.log")
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Namesrv:
+        super().start()
+        wait_port(self.port)
+        return self
+
+
+class BrokerProc(Proc):
+    """A broker with its own store under workdir; ``conf`` overrides broker.conf keys."""
+
+    def __init__(self, workdir: Path, namesrv: str | None, name: str = "broker-a", broker_id: int = 0,
+                 role: str = "ASYNC_MASTER", token: str = "test-token", **conf: Any) -> None:
+        base = free_port_block(2)
+        self.port = base
+        self.admin_port = free_port()
+        self.token = token
+        self.store_dir = workdir / f"store-{name}-{broker_id}"
+        self.conf: dict[str, Any] = {
+            "brokerClusterName": "DefaultCluster",
+            "brokerName": name,
+            "brokerId": broker_id,
+            "brokerRole": role,
+            "flushDiskType": "ASYNC_FLUSH",
+            "brokerIP1": "127.0.0.1",
+            "listenHost": "127.0.0.1",
+            "listenPort": base,
+            "haListenPort": base + 1,
+            "adminListenPort": self.admin_port,
+            "adminToken": token,
+            "storePathRootDir": str(self.store_dir),
+            "mappedFileSizeCommitLog": 16 * 1024 * 1024,
+            "mappedFileSizeConsumeQueue": 60000,
+        }
+        if namesrv:
+            self.conf["namesrvAddr"] = namesrv
+        self.conf.update(conf)
+        self.conf_path = workdir / f"broker-{name}-{broker_id}.conf"
+        self.write_conf()
+        super().__init__([PY, "-m", "rmqbroker.main", "-c", str(self.conf_path)],
+                         workdir / f"broker-{name}-{broker_id}.log")
+
+    def write_conf(self) -> None:
+        self.conf_path.write_text("".join(f"{k}={v}\n" for k, v in self.conf.items()))
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, wait_ready: bool = True) -> BrokerProc:
+        super().start()
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise RuntimeError(f"broker exited:\n{self.log_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"broker not ready in {timeout}s:\n{self.log_text()[-3000:]}")
+
+    def admin(self, path: str, method: str = "GET", body: bytes | None = None, token: str | None = "default",
+              ) -> tuple[int, bytes]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", data=body, method=method)
+        tok = self.token if token == "default" else token
+        if tok:
+            req.add_header("Authorization", f"Bearer {tok}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.admin("/status")
+        assert code == 200, body
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def metrics(self) -> str:
+        code, body = self.admin("/metrics")
+        assert code == 200, body
+        return body.decode()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+            found = True
+    if not found:
+        raise KeyError(f"metric {name} {labels} not found")
+    return total
