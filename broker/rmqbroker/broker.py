@@ -8,9 +8,13 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from rmqbroker.admin.http import AdminServer
+from aiohttp import web
+
+from rmqbroker.admin.http import AdminServer, json_error, json_response, read_json_object
 from rmqbroker.admin.metrics import build_registry
 from rmqbroker.config import BrokerSettings
+from rmqbroker.ha.controller import ReplicationController, RoleChangeError
+from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
@@ -85,6 +89,9 @@ class Broker:
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,
                                                parse_delay_levels(settings.messageDelayLevel))
         self.supervisor = Supervisor()
+        self.epochs = EpochStore(config_dir)
+        self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed)
+        self._schedule_task: asyncio.Task[None] | None = None
         self.registered = False
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
@@ -99,6 +106,9 @@ class Broker:
         if settings.adminListenPort:
             self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=settings.admin_token(),
                                      registry=self.registry, status=self.status, ready=self.ready)
+            self.admin.add_route("POST", "/ha/master", self._http_repoint)
+            self.admin.add_route("POST", "/role", self._http_role)
+            self.admin.add_route("GET", "/commitlog", self._http_commitlog)
 
     # -- metrics/status --
     def _observe_latency(self, code: int, seconds: float) -> None:
@@ -121,10 +131,11 @@ class Broker:
     def status(self) -> dict[str, Any]:
         s = self.settings
         return {
+            **self.replication.status(),
             "cluster": s.brokerClusterName,
             "brokerName": s.brokerName,
-            "brokerId": s.brokerId,
-            "role": s.brokerRole,
+            "brokerId": self.ctx.broker_id,
+            "role": self.ctx.role,
             "brokerAddr": s.broker_addr,
             "haServerAddr": s.ha_server_addr,
             "maxPhyOffset": self.store.max_phy_offset(),
@@ -136,7 +147,7 @@ class Broker:
                 "subscriptionGroups": self.groups.data_version.to_json_obj(),
             },
             "registered": self.registered,
-            "masterAddr": self.master_addr,
+            "masterAddr": self.master_addr if self.ctx.is_slave else None,
             "bootTimestamp": self.started_ms,
         }
 
@@ -157,15 +168,13 @@ class Broker:
             return True
         results = await self.outer.register_broker_all(
             s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
-            broker_name=s.brokerName, broker_id=s.brokerId, ha_server_addr=s.ha_server_addr,
+            broker_name=s.brokerName, broker_id=self.ctx.broker_id, ha_server_addr=s.ha_server_addr,
             topic_config_wrapper=self.topics.wrapper_obj())
         if results:
             self.registered = True
-            for r in results:
-                if r.master_addr:
-                    self.master_addr = r.master_addr
-                if r.ha_server_addr:
-                    self.master_ha_addr = r.ha_server_addr
+            self.master_addr = next((r.master_addr for r in results if r.master_addr), None)
+            self.master_ha_addr = next((r.ha_server_addr for r in results if r.ha_server_addr), None)
+            self.replication.on_registration(self.master_addr, self.master_ha_addr)
         return len(results) == len(s.namesrv_addrs)
 
     async def _register_loop(self) -> None:
@@ -213,18 +222,89 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
-        if not s.is_slave:
-            sup.spawn("schedule", self.schedule.run())
+        await self.replication.start()
+        self._role_changed(self.ctx.role)
         log.info("broker %s (%s, id %d) serving on %s", s.brokerName, s.brokerRole, s.brokerId, s.broker_addr)
+
+    def _role_changed(self, role: str) -> None:
+        """Masters deliver delayed messages; slaves don't. Re-register so routes show the new id."""
+        if role == "SLAVE":
+            if self._schedule_task is not None:
+                self._schedule_task.cancel()
+                self._schedule_task = None
+        elif self._schedule_task is None or self._schedule_task.done():
+            self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
+        self.request_register()
+
+    # -- admin routes for replication control --
+    async def _http_repoint(self, request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        ha_addr = body.get("haAddress")
+        broker_addr = body.get("brokerAddress")
+        epoch = body.get("epoch")
+        if not isinstance(ha_addr, str) or ":" not in ha_addr:
+            return json_error(400, "haAddress (host:port) is required")
+        if broker_addr is not None and (not isinstance(broker_addr, str) or ":" not in broker_addr):
+            return json_error(400, "brokerAddress must be host:port")
+        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+            return json_error(400, "epoch must be an integer")
+        try:
+            await self.replication.repoint(ha_addr, broker_addr, epoch)
+        except RoleChangeError as exc:
+            return json_error(409, str(exc))
+        return json_response({"haAddress": ha_addr, "brokerAddress": broker_addr})
+
+    async def _http_role(self, request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        role, broker_id, epoch = body.get("role"), body.get("brokerId"), body.get("epoch")
+        if not isinstance(role, str):
+            return json_error(400, "role is required")
+        if not isinstance(broker_id, int) or isinstance(broker_id, bool) or broker_id < 0:
+            return json_error(400, "brokerId must be a non-negative integer")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            return json_error(400, "epoch must be a non-negative integer")
+        try:
+            result = await self.replication.change_role(role, broker_id, epoch)
+        except RoleChangeError as exc:
+            return json_error(409, str(exc))
+        return json_response(result)
+
+    async def _http_commitlog(self, request: web.Request) -> web.StreamResponse:
+        try:
+            offset = int(request.query.get("offset", "0"))
+            length = int(request.query.get("length", str(1 << 20)))
+        except ValueError:
+            return json_error(400, "offset and length must be integers")
+        if offset < 0 or length <= 0:
+            return json_error(400, "offset must be >= 0 and length > 0")
+        start = max(offset, self.store.min_phy_offset())
+        end = min(offset + length, self.store.dispatched_phy_offset())
+        resp = web.StreamResponse()
+        resp.headers["Content-Type"] = "application/octet-stream"
+        resp.headers["X-Commitlog-Offset"] = str(start)
+        resp.headers["X-Commitlog-Max-Offset"] = str(self.store.max_phy_offset())
+        resp.content_length = max(0, end - start)
+        await resp.prepare(request)
+        pos = start
+        while pos < end:
+            view = self.store.read_commitlog(pos, min(end - pos, 1 << 20))
+            if view is None:
+                break
+            # Copy: the mapped file may be truncated by a role change while we await the socket.
+            await resp.write(bytes(view))
+            pos += len(view)
+        await resp.write_eof()
+        return resp
 
     async def stop(self) -> None:
         s = self.settings
         await self.supervisor.stop()
+        await self.replication.stop()
         await self.server.stop()
         if s.namesrv_addrs:
             await self.outer.unregister_broker_all(
                 s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
-                broker_name=s.brokerName, broker_id=s.brokerId)
+                broker_name=s.brokerName, broker_id=self.ctx.broker_id)
         await self.outer.close()
         for manager in (self.topics, self.groups, self.offsets, self.delay_offsets):
             try:

@@ -35,7 +35,7 @@ class AdminProcessor:
 
     async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         ctx = self.ctx
-        if ctx.settings.is_slave:
+        if ctx.is_slave:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR,
                                      "Can't modify topic or subscription group from slave broker, "
                                      "please execute it from master broker.")
@@ -93,7 +93,7 @@ class AdminProcessor:
                        f"{(now - self.boot_ms) // 3_600_000 % 24} hours, "
                        f"{(now - self.boot_ms) // 60_000 % 60} minutes, "
                        f"{(now - self.boot_ms) // 1000 % 60} seconds ]",
-            "brokerRole": self.ctx.settings.brokerRole,
+            "brokerRole": self.ctx.role,
         }
         if self._runtime_info is not None:
             table.update(self._runtime_info())

@@ -83,7 +83,7 @@ class ClientManageProcessor:
                 return cmd.make_response(ResponseCode.SYSTEM_ERROR, "consumerData without groupName")
             group = cd["groupName"]
             group_cfg = ctx.groups.find(group)
-            if group_cfg is not None and not ctx.settings.is_slave:
+            if group_cfg is not None and not ctx.is_slave:
                 ctx.topics.create_retry_topic(retry_topic(group), group_cfg.retry_queue_nums,
                                               PERM_WRITE | PERM_READ, persist=False)
             subs = []

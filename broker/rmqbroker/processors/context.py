@@ -31,7 +31,20 @@ class BrokerContext:
     stats: BrokerStats = field(default_factory=BrokerStats)
     # Asks the composition root to re-register with the nameservers now (topic changes).
     register_now: Callable[[], None] = _noop
+    # Runtime role: starts from broker.conf, changed by promotion/demotion (POST /role).
+    role: str = ""
+    broker_id: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.role:
+            self.role = self.settings.brokerRole
+        if self.broker_id < 0:
+            self.broker_id = self.settings.brokerId
+
+    @property
+    def is_slave(self) -> bool:
+        return self.role == "SLAVE"
 
     @property
     def writable(self) -> bool:
-        return bool(self.settings.brokerPermission & 0x2) and not self.settings.is_slave
+        return bool(self.settings.brokerPermission & 0x2) and not self.is_slave

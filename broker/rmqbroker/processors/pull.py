@@ -119,7 +119,7 @@ class PullMessageProcessor:
                                        None if sub.matches_all else sub.match_code)
         status = result.status
         next_begin = result.next_begin_offset
-        is_slave = ctx.settings.is_slave
+        is_slave = ctx.is_slave
         code: int
         if status is GetMessageStatus.NO_MESSAGE_IN_QUEUE:
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
@@ -153,9 +153,9 @@ class PullMessageProcessor:
         return cmd.make_response(code, status.name, ext_fields=ext)
 
     def _suggest_broker(self, when_slow: int) -> int:
-        settings = self.ctx.settings
-        if settings.slaveReadEnable and settings.is_slave:
-            return settings.brokerId
+        ctx = self.ctx
+        if ctx.settings.slaveReadEnable and ctx.is_slave:
+            return ctx.broker_id
         return 0
 
 

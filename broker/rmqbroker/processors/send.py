@@ -89,7 +89,7 @@ class SendMessageProcessor:
     def _check(self, topic: str, queue_id: int, default_topic: str, default_nums: int, sys_flag: int,
                remote: str) -> TopicConfig:
         ctx = self.ctx
-        if ctx.settings.is_slave:
+        if ctx.is_slave:
             raise SendRejected(ResponseCode.SERVICE_NOT_AVAILABLE,
                                "service not available now: this broker is a SLAVE and does not accept sends")
         if not ctx.settings.brokerPermission & PERM_WRITE:
@@ -121,30 +121,34 @@ class SendMessageProcessor:
     async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         ext = normalize_send_v2(cmd.ext_fields) if cmd.code != RequestCode.SEND_MESSAGE else cmd.ext_fields
         h = Header(ext)
+        # Decode the whole header before acting on any of it (as Java's decodeCommandCustomHeader does):
+        # a missing or malformed field must not leave side effects such as an auto-created topic.
         topic = h.req_str(wire.TOPIC)
         queue_id = h.req_int(wire.QUEUE_ID)
         sys_flag = h.req_int(wire.SYS_FLAG)
+        default_topic = h.req_str(wire.DEFAULT_TOPIC)
+        default_queue_nums = h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS)
+        born_ts = h.req_int(wire.BORN_TIMESTAMP)
+        flag = h.req_int(wire.FLAG)
+        reconsume_times = h.opt_int(wire.RECONSUME_TIMES, 0)
+        max_reconsume_times = h.opt_int(wire.MAX_RECONSUME_TIMES, -1)
         # The C++ client marks batches with "1", which Java's parseBoolean reads as false (storing the
         # whole batch as one message, rocketmq-client-cpp #189); unpacking is what its users expect.
         batch_raw = (h.opt_str(wire.BATCH) or "").lower()
         is_batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or batch_raw in ("true", "1")
         try:
-            tc = self._check(topic, queue_id, h.req_str(wire.DEFAULT_TOPIC), h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS),
-                             sys_flag, conn.remote_addr)
+            tc = self._check(topic, queue_id, default_topic, default_queue_nums, sys_flag, conn.remote_addr)
             if queue_id < 0:
                 queue_id = random.randrange(max(tc.write_queue_nums, 1))
             props = rec.decode_properties(h.opt_str(wire.PROPERTIES) or "")
-            reconsume_times = h.opt_int(wire.RECONSUME_TIMES, 0)
             if topic.startswith(RETRY_PREFIX) and not is_batch:
-                topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times,
-                                                     h.opt_int(wire.MAX_RECONSUME_TIMES, -1), cmd.version, props)
+                topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times, max_reconsume_times,
+                                                     cmd.version, props)
             if tc.topic_filter_type == "MULTI_TAG":
                 sys_flag |= rec.MULTI_TAGS
             props[rec.CLUSTER] = self._cluster
             body = bytes(cmd.body)
             born_host = (conn.remote_host, conn.remote_port)
-            born_ts = h.req_int(wire.BORN_TIMESTAMP)
-            flag = h.req_int(wire.FLAG)
             if is_batch:
                 batch = self._unpack_batch(topic, queue_id, body, sys_flag, props, born_ts, born_host)
                 result = await self.ctx.store.put_messages(batch)

@@ -1,0 +1,1 @@
+"""HA replication: master side (ha.master) and slave side (ha.slave)."""

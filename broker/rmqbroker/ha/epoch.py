@@ -1,0 +1,127 @@
+"""Replication epochs: which master wrote which part of the commitlog.
+
+``config/epoch.json`` holds the current epoch and the history of epoch starts
+``[{"epoch": e, "startOffset": o}, ...]``. A broker promoted at epoch ``e`` appends
+``(e, its log end)``; a slave adopts its master's history. When a broker starts following a
+master, the last epoch both histories share tells where their logs can differ: everything this
+broker holds beyond the master's end of that epoch was never on the new master and is truncated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rmqbroker.metadata.jsonfile import atomic_write, load_with_backup
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "epoch.json"
+
+
+class EpochError(ValueError):
+    """An epoch change that would go backwards, or a malformed history."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEntry:
+    epoch: int
+    start_offset: int
+
+
+def parse_history(obj: Any) -> list[EpochEntry]:
+    if not isinstance(obj, list):
+        raise EpochError("epoch history must be a list")
+    out = []
+    for item in obj:
+        if not isinstance(item, dict):
+            raise EpochError("epoch entry must be an object")
+        try:
+            out.append(EpochEntry(int(item["epoch"]), int(item["startOffset"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EpochError(f"bad epoch entry {item!r}") from exc
+    for a, b in itertools.pairwise(out):
+        if b.epoch <= a.epoch or b.start_offset < a.start_offset:
+            raise EpochError("epoch history must increase")
+    return out
+
+
+def _with_origin(history: list[EpochEntry]) -> list[EpochEntry]:
+    # A group's first master never records a promotion: epoch 0 implicitly starts at offset 0.
+    if not history or history[0].epoch > 0:
+        return [EpochEntry(0, 0), *history]
+    return history
+
+
+def divergence_offset(own: list[EpochEntry], master: list[EpochEntry], master_max: int) -> int:
+    """Offset beyond which this log may differ from the master's.
+
+    The last epoch present in both histories ends, on the master, where the master's next epoch
+    starts (or at the master's log end if it is the master's current epoch).
+    """
+    own = _with_origin(own)
+    master = _with_origin(master)
+    master_epochs = {e.epoch for e in master}
+    last = max(e.epoch for e in own if e.epoch in master_epochs)
+    later = [e for e in master if e.epoch > last]
+    return later[0].start_offset if later else master_max
+
+
+class EpochStore:
+    """The persisted epoch state of one broker."""
+
+    def __init__(self, config_dir: Path) -> None:
+        self.path = config_dir / FILE_NAME
+        self._lock = threading.Lock()
+        self.epoch = 0
+        self.history: list[EpochEntry] = []
+        text = load_with_backup(self.path)
+        if text:
+            try:
+                obj = json.loads(text)
+                self.epoch = int(obj.get("epoch", 0))
+                self.history = parse_history(obj.get("history", []))
+            except (ValueError, AttributeError, EpochError) as exc:
+                raise EpochError(f"{self.path} is unreadable: {exc}") from exc
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"epoch": self.epoch,
+                "history": [{"epoch": e.epoch, "startOffset": e.start_offset} for e in self.history]}
+
+    def _persist(self) -> None:
+        with self._lock:
+            atomic_write(self.path, json.dumps(self.to_json_obj(), indent=1))
+
+    def check_not_older(self, epoch: int) -> None:
+        if epoch < self.epoch:
+            raise EpochError(f"epoch {epoch} is older than this broker's epoch {self.epoch}")
+
+    def begin_epoch(self, epoch: int, start_offset: int) -> None:
+        """This broker becomes master at ``epoch``, writing from ``start_offset`` on (blocking)."""
+        if epoch <= self.epoch and not (epoch == self.epoch and self.history and self.history[-1].epoch == epoch):
+            raise EpochError(f"promotion epoch {epoch} must be newer than the current epoch {self.epoch}")
+        if not self.history or self.history[-1].epoch != epoch:
+            self.history.append(EpochEntry(epoch, start_offset))
+        self.epoch = epoch
+        self._persist()
+        log.info("epoch %d begins at offset %d", epoch, start_offset)
+
+    def adopt(self, epoch: int, history: list[EpochEntry]) -> None:
+        """Follow a master: take over its epoch and history (blocking)."""
+        self.check_not_older(epoch)
+        if epoch == self.epoch and history == self.history:
+            return
+        self.epoch = epoch
+        self.history = list(history)
+        self._persist()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.check_not_older(epoch)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._persist()

@@ -1,0 +1,130 @@
+"""Slave metadata sync (RocketMQ's SlaveSynchronize, reference §7.6).
+
+Every period the slave asks the master for its topic configs (21), consumer offsets (43), delay
+offsets (45) and subscription groups (201). Topic and group tables are replaced only when the
+master's DataVersion differs; offsets are merged; delay offsets are written when they changed.
+A failed round is logged and retried next period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
+from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
+from rmqbroker.metadata.errors import MetadataError
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager, decode_subscription_group_wrapper
+from rmqbroker.metadata.topics import TopicConfigManager, decode_topic_wrapper
+from rmqbroker.outer_api import BrokerOuterApi, OuterApiError
+from rmqbroker.remoting.codes import RequestCode
+
+log = logging.getLogger(__name__)
+
+
+class MetadataSyncError(Exception):
+    """One sync round failed."""
+
+
+class SlaveMetadataSync:
+    """Pulls metadata from the master broker address; re-pointable at runtime."""
+
+    def __init__(self, api: BrokerOuterApi, own_addr: str, topics: TopicConfigManager,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, delay: DelayOffsetTable,
+                 *, initial_delay: float = 3.0, interval: float = 10.0) -> None:
+        self.api = api
+        self.own_addr = own_addr
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.delay = delay
+        self.initial_delay = initial_delay
+        self.interval = interval
+        self.master_addr: str | None = None
+        self.last_success_ms = 0
+        self.rounds = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._restart = asyncio.Event()
+
+    def set_master(self, addr: str | None) -> None:
+        if addr != self.master_addr:
+            log.info("metadata sync master %s -> %s", self.master_addr, addr)
+            self.master_addr = addr
+            self._restart.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="slave-metadata-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        delay = self.initial_delay
+        while True:
+            self._restart.clear()
+            try:
+                await asyncio.wait_for(self._restart.wait(), delay)
+                # Re-pointed: sync against the new master after the initial delay again.
+                delay = self.initial_delay
+                continue
+            except TimeoutError:
+                pass
+            try:
+                await self.sync_all()
+            except MetadataSyncError as exc:
+                self.failures += 1
+                self.last_error = str(exc)
+                log.warning("slave metadata sync failed (retrying in %.0fs): %s", self.interval, exc)
+            delay = self.interval
+
+    async def sync_all(self) -> None:
+        master = self.master_addr
+        if not master or master == self.own_addr:
+            return
+        try:
+            await self._sync_topics(master)
+            await self._sync_offsets(master)
+            await self._sync_delay(master)
+            await self._sync_groups(master)
+        except (OuterApiError, MetadataError, ValueError) as exc:
+            raise MetadataSyncError(str(exc)) from exc
+        self.rounds += 1
+        self.last_error = None
+        self.last_success_ms = int(time.time() * 1000)
+
+    async def _sync_topics(self, master: str) -> None:
+        body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
+        table, version = decode_topic_wrapper(body)
+        if version is not None and self.topics.replace_all(table, version, persist=False):
+            await self.topics.persist_async()
+            log.info("topic config synced from %s (version %s)", master, version)
+
+    async def _sync_offsets(self, master: str) -> None:
+        body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
+        table = decode_consumer_offsets(body)
+        current = self.offsets.table()
+        if any(current.get(k) != dict(v) for k, v in table.items()):
+            self.offsets.merge_all(table)
+            await self.offsets.persist_async()
+
+    async def _sync_delay(self, master: str) -> None:
+        body = await self.api.get_all(master, RequestCode.GET_ALL_DELAY_OFFSET)
+        if decode_delay_offsets(body) != self.delay.table():
+            await asyncio.to_thread(self.delay.replace_from_json, body.decode("utf-8"))
+
+    async def _sync_groups(self, master: str) -> None:
+        body = await self.api.get_all(master, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        table, version = decode_subscription_group_wrapper(body)
+        if version is not None and self.groups.replace_all(table, version, persist=False):
+            await self.groups.persist_async()
+            log.info("subscription groups synced from %s (version %s)", master, version)

@@ -1,0 +1,314 @@
+"""Master/slave replication with real broker processes on loopback (issue: HA + metadata sync)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.store.errors import CorruptRecordError
+from rmqbroker.store.record import check_record, decode_record
+from tests.conftest import Cluster
+from tests.integration.helpers import CLIENTS, PY, create_topic_and_wait, poll, rpc
+from tests.support.procs import BrokerProc
+
+SEG = 2 * 1024 * 1024  # small commitlog segments so streams cross segment boundaries
+
+
+def commitlog_bytes(store: Path, end: int) -> bytes:
+    """The commitlog [0, end) read from the segment files."""
+    out = bytearray()
+    for f in sorted((store / "commitlog").iterdir()):
+        start = int(f.name)
+        if start >= end:
+            break
+        with open(f, "rb") as fh:
+            out += fh.read(min(SEG, end - start))
+    return bytes(out)
+
+
+def stored_keys(store: Path) -> set[str]:
+    """KEYS of every whole record in a store's commitlog segments (checked with the record codec)."""
+    keys: set[str] = set()
+    for f in sorted((store / "commitlog").iterdir()):
+        data = f.read_bytes()
+        pos = 0
+        while pos + 8 <= len(data):
+            try:
+                size = check_record(data, pos)
+            except CorruptRecordError:
+                break  # unwritten or partial tail
+            if size == 0:
+                break  # end-of-segment marker
+            rec = decode_record(data, pos)
+            if rec.keys:
+                keys.add(rec.keys)
+            pos += size
+    return keys
+
+
+def consume_queues(store: Path) -> dict[str, bytes]:
+    """Every consume queue's written units (trailing empty units stripped)."""
+    out: dict[str, bytes] = {}
+    root = store / "consumequeue"
+    if not root.exists():
+        return out
+    for topic in sorted(root.iterdir()):
+        for q in sorted(topic.iterdir()):
+            data = b"".join(f.read_bytes() for f in sorted(q.iterdir()))
+            end = len(data) - len(data) % 20
+            while end >= 20 and data[end - 20:end] == bytes(20):
+                end -= 20
+            out[f"{topic.name}/{q.name}"] = data[:end]
+    return out
+
+
+def send_raw(broker: str, topic: str, body: bytes, timeout: float = 10.0) -> Any:
+    """SEND_MESSAGE without client retries: the broker's own answer."""
+    return rpc(broker, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "PG_RAW", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        "queueId": "0", "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+        "properties": "WAIT\x01true\x02KEYS\x01raw\x02"}, body, timeout=timeout)
+
+
+def start_stream(ns: str, topic: str, count: int, prefix: str, size: int = 256, seconds: float = 60.0,
+                 ) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([PY, str(CLIENTS / "stream_producer.py"), "--namesrv", ns, "--topic", topic,
+                             "--count", str(count), "--prefix", prefix, "--size", str(size),
+                             "--seconds", str(seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stream_results(proc: subprocess.Popen[bytes], timeout: float = 120.0) -> list[dict[str, Any]]:
+    out, _ = proc.communicate(timeout=timeout)
+    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+
+
+def group(cluster: Cluster, ns: str | None, replicas: int, role: str = "ASYNC_MASTER", direct: bool = True,
+          **conf: Any) -> list[BrokerProc]:
+    conf.setdefault("maxMessageSize", 1024 * 1024)
+    master = cluster.broker(ns, name="broker-r", broker_id=0, role=role, mappedFileSizeCommitLog=SEG, **conf)
+    slaves = []
+    for i in range(1, replicas):
+        extra = dict(conf)
+        if direct:
+            extra["haMasterAddress"] = f"127.0.0.1:{master.port + 1}"
+        slaves.append(cluster.broker(ns, name="broker-r", broker_id=i, role="SLAVE",
+                                     mappedFileSizeCommitLog=SEG, **extra))
+    return [master, *slaves]
+
+
+def wait_caught_up(master: BrokerProc, slaves: list[BrokerProc], timeout: float = 60.0) -> int:
+    target = master.status()["maxPhyOffset"]
+    poll(lambda: all(s.status()["maxPhyOffset"] >= target for s in slaves), timeout, what="slaves caught up")
+    return int(target)
+
+
+def assert_replicas_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
+    end = wait_caught_up(master, slaves)
+    ref = commitlog_bytes(master.store_dir, end)
+    assert len(ref) == end
+    for s in slaves:
+        assert commitlog_bytes(s.store_dir, end) == ref, f"slave {s.conf['brokerId']} commitlog differs"
+    ref_cq = poll(lambda: consume_queues(master.store_dir) or None, 5)
+    for s in slaves:
+        poll(lambda s=s: consume_queues(s.store_dir) == ref_cq, 15, what="consume queues agree")
+
+
+def test_two_slaves_replicate_byte_identical_and_late_slave_catches_up(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master, s1 = group(cluster, ns.addr, 2)
+    create_topic_and_wait(master.addr, ns.addr, "RepTopic")
+    producers = [start_stream(ns.addr, "RepTopic", 1500, f"p{i}", size=700) for i in range(2)]
+    # restart the slave mid-stream: it resumes where it was
+    time.sleep(2)
+    s1.stop()
+    offset_before = commitlog_bytes(s1.store_dir, 1 << 40)
+    s1.start()
+    late = cluster.broker(ns.addr, name="broker-r", broker_id=2, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                          maxMessageSize=1024 * 1024, haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    results = [r for p in producers for r in stream_results(p)]
+    ok = [r for r in results if r.get("status") == 0]
+    assert len(ok) == 3000, [r for r in results if r.get("status") != 0][:5]
+    assert master.status()["maxPhyOffset"] > SEG  # the stream crossed a segment boundary
+    assert len(offset_before) > 0
+    assert_replicas_identical(master, [s1, late])
+    st = master.status()
+    assert {s["ackedOffset"] for s in st["ha"]["slaves"]} == {st["maxPhyOffset"]}
+    assert all(s["inSync"] for s in st["ha"]["slaves"]) and len(st["ha"]["slaves"]) == 2
+    assert s1.status()["ha"]["connected"] is True
+
+
+def test_sync_master_slave_not_available_and_flush_slave_timeout(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-s", role="SYNC_MASTER", syncFlushTimeout=1500)
+    resp = send_raw(master.addr, "SyncTopic", b"no slave yet")
+    assert resp.code == ResponseCode.SLAVE_NOT_AVAILABLE
+    assert resp.ext_fields.get("msgId")  # stored on the master all the same
+    slave = cluster.broker(ns.addr, name="broker-s", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    poll(lambda: send_raw(master.addr, "SyncTopic", b"with slave").code == ResponseCode.SUCCESS, 20,
+         what="SYNC send acknowledged by the slave")
+    slave.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        resp = send_raw(master.addr, "SyncTopic", b"slave frozen")
+        assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
+        assert time.monotonic() - started >= 1.4
+        # the master keeps serving other requests meanwhile
+        assert rpc(master.addr, RequestCode.GET_MAX_OFFSET, {"topic": "SyncTopic", "queueId": "0"}).code == 0
+    finally:
+        slave.signal(signal.SIGCONT)
+    poll(lambda: send_raw(master.addr, "SyncTopic", b"thawed").code == ResponseCode.SUCCESS, 20)
+
+
+def test_sync_master_kill9_loses_no_acknowledged_message(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master, s1, s2 = group(cluster, ns.addr, 3, role="SYNC_MASTER")
+    create_topic_and_wait(master.addr, ns.addr, "SyncKill")
+    poll(lambda: len(master.status()["ha"]["slaves"]) == 2, 20, what="both slaves connected")
+    producers = [start_stream(ns.addr, "SyncKill", 100000, f"k{i}", seconds=10) for i in range(4)]
+    time.sleep(4)
+    master.kill9()
+    results = [r for p in producers for r in stream_results(p)]
+    acked = {r["key"] for r in results if r.get("status") == 0}
+    assert len(acked) > 50
+    for s in (s1, s2):
+        s.stop()  # flushes everything the slave received
+    on_slaves = stored_keys(s1.store_dir) | stored_keys(s2.store_dir)
+    missing = acked - on_slaves
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages missing on the slaves"
+
+
+def test_metadata_sync_and_unchanged_version_not_rewritten(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master, slave = group(cluster, ns.addr, 2, slaveSyncInitialDelay=300, slaveSyncInterval=1000)
+    create_topic_and_wait(master.addr, ns.addr, "MetaTopic")
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_META", "topic": "MetaTopic", "queueId": "1", "commitOffset": "7"}).code == 0
+    resp = rpc(master.addr, RequestCode.HEART_BEAT, body=json.dumps(
+        {"clientID": "c1", "consumerDataSet": [{"groupName": "CG_NEWGROUP", "consumeType": 1, "messageModel": 1,
+                                                "consumeFromWhere": 0, "subscriptionDataSet": []}]}).encode())
+    assert resp.code == 0
+    cfg = slave.store_dir / "config"
+
+    def synced() -> bool:
+        try:
+            topics = json.loads((cfg / "topics.json").read_text())
+            groups = json.loads((cfg / "subscriptionGroup.json").read_text())
+            offsets = (cfg / "consumerOffset.json").read_text()
+        except (OSError, ValueError):
+            return False
+        return ("MetaTopic" in topics["topicConfigTable"] and "CG_NEWGROUP" in groups["subscriptionGroupTable"]
+                and "MetaTopic@CG_META" in offsets)
+
+    poll(synced, 10, what="slave metadata synced")
+    st = slave.status()["metadataSync"]
+    assert st["masterAddress"] == master.addr and st["lastSuccessMillis"] > 0
+    assert st["topicVersion"] == master.status()["dataVersions"]["topics"]
+    before = (cfg / "topics.json").stat()
+    rounds = st["rounds"]
+    poll(lambda: slave.status()["metadataSync"]["rounds"] >= rounds + 2, 10, what="two more sync rounds")
+    after = (cfg / "topics.json").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_nameserver_discovery(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master, slave = group(cluster, ns.addr, 2, direct=False)
+    create_topic_and_wait(master.addr, ns.addr, "DiscTopic")
+    for i in range(20):
+        assert send_raw(master.addr, "DiscTopic", f"d{i}".encode()).code == 0
+    poll(lambda: slave.status()["ha"]["masterAddress"] == f"127.0.0.1:{master.port + 1}", 15,
+         what="slave learned the master HA address from the nameserver")
+    assert_replicas_identical(master, [slave])
+
+
+def test_promote_repoint_demote_converge(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    a, b, c = group(cluster, ns.addr, 3)
+    create_topic_and_wait(a.addr, ns.addr, "FailTopic")
+    for i in range(200):
+        assert send_raw(a.addr, "FailTopic", f"before-{i}".encode() * 10).code == 0
+    wait_caught_up(a, [b, c])
+    # partition the old master from its slaves: they lose it; it keeps accepting writes (ASYNC)
+    b.stop()
+    c.stop()
+    for i in range(50):
+        assert send_raw(a.addr, "FailTopic", f"divergent-{i}".encode() * 10).code == 0
+    divergent_end = a.status()["maxPhyOffset"]
+    a.signal(signal.SIGSTOP)
+    try:
+        b.conf.pop("haMasterAddress")
+        b.write_conf()
+        b.start()
+        c.start()
+        code, body = b.admin("/role", "POST", json.dumps({"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1}).encode())
+        assert code == 200, body
+        code, body = c.admin("/ha/master", "POST", json.dumps(
+            {"haAddress": f"127.0.0.1:{b.port + 1}", "brokerAddress": b.addr}).encode())
+        assert code == 200, body
+        for i in range(30):
+            assert send_raw(b.addr, "FailTopic", f"after-{i}".encode()).code == 0
+    finally:
+        a.signal(signal.SIGCONT)
+    # stale epoch is refused
+    code, _ = a.admin("/role", "POST", json.dumps({"role": "SLAVE", "brokerId": 3, "epoch": 0}).encode())
+    assert code == 200  # a's own epoch is 0: demotion at 0 is allowed ...
+    code, body = b.admin("/role", "POST", json.dumps({"role": "SLAVE", "brokerId": 1, "epoch": 0}).encode())
+    assert code == 409, body  # ... but b is at epoch 1 and refuses an older one
+    code, body = a.admin("/ha/master", "POST", json.dumps(
+        {"haAddress": f"127.0.0.1:{b.port + 1}", "brokerAddress": b.addr, "epoch": 1}).encode())
+    assert code == 200, body
+    assert_replicas_identical(b, [a, c])
+    st = a.status()
+    assert st["ha"]["truncatedBytes"] > 0 and st["epoch"] == 1 and st["role"] == "SLAVE"
+    assert b.status()["maxPhyOffset"] < divergent_end + 30 * 200
+
+
+def test_ha_port_rejects_garbage_and_offsets_beyond_log(cluster: Cluster) -> None:
+    master = cluster.broker(None, name="broker-g")
+    assert send_raw(master.addr, "GTopic", b"x").code == 0
+    for payload in (b"\x7f" * 8, b"garbage!" * 3):
+        with socket.create_connection(("127.0.0.1", master.port + 1), timeout=5) as s:
+            s.sendall(payload)
+            s.settimeout(5)
+            assert s.recv(100) == b""  # dropped
+    st = master.status()
+    assert st["ha"]["slaves"] == []
+    assert send_raw(master.addr, "GTopic", b"still serving").code == 0
+
+
+def test_admin_control_auth_and_bad_json(cluster: Cluster) -> None:
+    b = cluster.broker(None, name="broker-h", role="SLAVE", broker_id=1)
+    for path, method in (("/ha/master", "POST"), ("/role", "POST"), ("/commitlog?offset=0&length=1", "GET")):
+        code, _ = b.admin(path, method, b"{}", token=None)
+        assert code == 401
+        code, _ = b.admin(path, method, b"{}", token="wrong")
+        assert code == 401
+    code, body = b.admin("/ha/master", "POST", b"{not json")
+    assert code == 400 and b"malformed JSON" in body
+    code, body = b.admin("/role", "POST", json.dumps({"role": "KING", "brokerId": 0, "epoch": 1}).encode())
+    assert code == 409 and b"role must be" in body
+    code, body = b.admin("/commitlog?offset=-1&length=5")
+    assert code == 400
+
+
+@pytest.mark.parametrize("length", [1, 1000, 10_000_000])
+def test_commitlog_endpoint_streams_committed_bytes(cluster: Cluster, length: int) -> None:
+    m = cluster.broker(None, name="broker-c")
+    for i in range(50):
+        assert send_raw(m.addr, "CTopic", f"c{i}".encode() * 20).code == 0
+    end = m.status()["maxPhyOffset"]
+    code, body = m.admin(f"/commitlog?offset=0&length={length}")
+    assert code == 200
+    assert body == commitlog_bytes(m.store_dir, min(length, end))
