@@ -1,9 +1,12 @@
 """HA slave side (reference §7.2-§7.4): follows a master's commitlog stream.
 
-Reports its max offset on connect, after every append and every heartbeat interval; appends
-through the store (so consume queues are built here too); refuses a stream that does not
-continue its own log; reconnects with back-off when the master is silent or unreachable. The
-master address can change at runtime (:meth:`HAClient.set_master`).
+Reports its max offset on connect, after every burst of appended data and every heartbeat
+interval; appends through the store (consume queues are built from the appended records); refuses
+a stream that does not continue its own log; reconnects with back-off when the master is silent
+or unreachable. The master can change at runtime (:meth:`HAClient.set_master`).
+
+Frames are parsed by an :class:`asyncio.Protocol` straight from the socket buffer: one copy into
+the commitlog per byte and one offset report per socket read, whatever the frame size.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from rmqbroker.ha.epoch import EpochError, EpochStore, divergence_offset, parse_history
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
@@ -23,11 +27,80 @@ from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
-READ_BUFFER = 4 * 1024 * 1024
+MAX_EPOCH_ANSWER = 1 << 20
 
 
 class StreamMismatchError(Exception):
-    """The master's stream does not continue this slave's log."""
+    """The master's stream does not continue this slave's log, or is malformed."""
+
+
+class _StreamProtocol(asyncio.Protocol):
+    """Parses transfer frames; appends them once the epoch handshake is done."""
+
+    def __init__(self, client: HAClient) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.streaming = False
+        loop = asyncio.get_running_loop()
+        self.epoch_answer: asyncio.Future[bytes] = loop.create_future()
+        self.closed: asyncio.Future[BaseException | None] = loop.create_future()
+        self.last_read = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(exc or ConnectionError("master closed the connection"))
+        if not self.epoch_answer.done():
+            self.epoch_answer.set_exception(ConnectionError("master closed the connection"))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.closed.done():
+            self.closed.set_result(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def report(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(REPORT.pack(self.client.store.max_phy_offset()))
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
+        buf = self.buf
+        buf += data
+        pos = 0
+        end = len(buf)
+        appended = False
+        hdr = TRANSFER_HEADER.size
+        try:
+            while end - pos >= hdr:
+                offset, size = TRANSFER_HEADER.unpack_from(buf, pos)
+                if size < 0 or (offset == EPOCH_QUERY and size > MAX_EPOCH_ANSWER):
+                    raise StreamMismatchError(f"malformed frame header (offset {offset}, size {size})")
+                if end - pos < hdr + size:
+                    break
+                if offset == EPOCH_QUERY:
+                    if not self.epoch_answer.done():
+                        self.epoch_answer.set_result(bytes(buf[pos + hdr:pos + hdr + size]))
+                elif not self.streaming:
+                    raise StreamMismatchError("master streamed data before the epoch handshake")
+                elif size:
+                    with memoryview(buf) as view:
+                        self.client.append(offset, view[pos + hdr:pos + hdr + size])
+                    appended = True
+                else:
+                    self.client.check_continuity(offset)
+                pos += hdr + size
+        except (StreamMismatchError, StoreError) as exc:
+            self.fail(exc)
+            return
+        if pos:
+            del buf[:pos]
+        if appended:
+            # One report per socket read: SYNC_MASTER sends wait for it.
+            self.report()
 
 
 class HAClient:
@@ -37,14 +110,13 @@ class HAClient:
                  housekeeping_interval: float = 20.0, epochs: EpochStore | None = None,
                  truncate: Callable[[int], None] | None = None) -> None:
         self.store = store
-        self.epochs = epochs
-        self._truncate = truncate
-        self.truncated_bytes = 0
         self.master_addr = master_addr
         self.heartbeat_interval = heartbeat_interval
         self.housekeeping_interval = housekeeping_interval
+        self.epochs = epochs
+        self._truncate = truncate
+        self.truncated_bytes = 0
         self.connected = False
-        self.last_read_time = 0.0
         self.bytes_received = 0
         self.mismatches = 0
         self._task: asyncio.Task[None] | None = None
@@ -70,6 +142,18 @@ class HAClient:
             self._task = None
         self.connected = False
 
+    # -- called by the protocol --
+    def check_continuity(self, offset: int) -> None:
+        current = self.store.max_phy_offset()
+        if current not in (0, offset):
+            raise StreamMismatchError(f"master sent offset {offset}, this log ends at {current}")
+
+    def append(self, offset: int, data: memoryview) -> None:
+        self.check_continuity(offset)
+        self.store.append_raw(offset, data)
+        self.bytes_received += len(data)
+
+    # -- connection loop --
     async def _run(self) -> None:
         backoff = 0.5
         while True:
@@ -81,9 +165,9 @@ class HAClient:
             try:
                 await self._follow(addr)
                 backoff = 0.5
-            except (OSError, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            except (OSError, ConnectionError, TimeoutError) as exc:
                 log.warning("HA connection to %s failed: %s", addr, exc)
-            except StreamMismatchError as exc:
+            except (StreamMismatchError, StoreError) as exc:
                 self.mismatches += 1
                 log.error("HA stream from %s refused: %s", addr, exc)
             finally:
@@ -99,60 +183,42 @@ class HAClient:
 
     async def _follow(self, addr: str) -> None:
         host, port = split_addr(addr)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=READ_BUFFER), 3.0)
+        loop = asyncio.get_running_loop()
+        transport, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: _StreamProtocol(self), host, port), 3.0)
         self.connected = True
-        log.info("HA following master %s from offset %d", addr, self.store.max_phy_offset())
-        store = self.store
-        hdr_size = TRANSFER_HEADER.size
         try:
             if self.epochs is not None:
-                await self._reconcile_epochs(reader, writer, addr)
-            writer.write(REPORT.pack(store.max_phy_offset()))
-            await writer.drain()
-            self.last_read_time = time.monotonic()
-            while not self._changed.is_set():
-                try:
-                    header = await asyncio.wait_for(reader.readexactly(hdr_size), self.heartbeat_interval)
-                except TimeoutError:
-                    if time.monotonic() - self.last_read_time > self.housekeeping_interval:
-                        raise ConnectionError(f"master silent for {self.housekeeping_interval:.0f}s") from None
-                    writer.write(REPORT.pack(store.max_phy_offset()))
-                    await writer.drain()
-                    continue
-                offset, size = TRANSFER_HEADER.unpack(header)
-                if size < 0:
-                    raise StreamMismatchError(f"negative body size {size}")
-                body = await asyncio.wait_for(reader.readexactly(size), self.housekeeping_interval) if size else b""
-                self.last_read_time = time.monotonic()
-                current = store.max_phy_offset()
-                if current not in (0, offset):
-                    raise StreamMismatchError(f"master sent offset {offset}, this log ends at {current}")
-                if size:
-                    try:
-                        store.append_raw(offset, body)
-                    except StoreError as exc:
-                        raise StreamMismatchError(str(exc)) from exc
-                    self.bytes_received += size
-                # Report after every append: SYNC_MASTER sends wait for it.
-                writer.write(REPORT.pack(store.max_phy_offset()))
-                await writer.drain()
+                transport.write(REPORT.pack(EPOCH_QUERY))
+                answer = await asyncio.wait_for(asyncio.shield(proto.epoch_answer), self.housekeeping_interval)
+                await self._reconcile(answer, addr)
+            proto.streaming = True
+            log.info("HA following master %s from offset %d", addr, self.store.max_phy_offset())
+            proto.report()
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({proto.closed, changed}, timeout=self.heartbeat_interval)
+                    if changed in done:
+                        return
+                    if proto.closed in done:
+                        exc = proto.closed.result()
+                        if isinstance(exc, StreamMismatchError | StoreError):
+                            raise exc
+                        raise ConnectionError(str(exc))
+                    if time.monotonic() - proto.last_read > self.housekeeping_interval:
+                        raise ConnectionError(f"master silent for {self.housekeeping_interval:.0f}s")
+                    proto.report()
+            finally:
+                changed.cancel()
         finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            transport.close()
 
-    async def _reconcile_epochs(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, addr: str) -> None:
-        """Ask the master's epoch history; cut any tail of ours the master never had; adopt it."""
+    async def _reconcile(self, answer: bytes, addr: str) -> None:
+        """Cut any tail of ours the master never had, then adopt the master's epoch history."""
         assert self.epochs is not None
-        writer.write(REPORT.pack(EPOCH_QUERY))
-        await writer.drain()
-        header = await asyncio.wait_for(reader.readexactly(TRANSFER_HEADER.size), self.housekeeping_interval)
-        offset, size = TRANSFER_HEADER.unpack(header)
-        if offset != EPOCH_QUERY or not 0 <= size <= 1 << 20:
-            raise StreamMismatchError(f"master {addr} did not answer the epoch query")
-        body = await asyncio.wait_for(reader.readexactly(size), self.housekeeping_interval)
         try:
-            obj = json.loads(body)
+            obj = json.loads(answer)
             master_epoch = int(obj["epoch"])
             master_history = parse_history(obj["history"])
             master_max = int(obj["maxOffset"])

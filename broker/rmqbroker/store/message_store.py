@@ -1,0 +1,1053 @@
+"""The message store facade the broker uses: puts, pulls, offset queries, recovery, flushing.
+
+Puts append to the commitlog and write the consume-queue unit synchronously on the event-loop
+thread (two memory copies); durability is handled by background flushers that run ``fdatasync``
+in worker threads.  ``SYNC_FLUSH`` puts wait for a group commit: one ``fdatasync`` releases every
+put whose record it covered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import fcntl
+import logging
+import os
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
+from rmqbroker.store.commitlog import CommitLog
+from rmqbroker.store.config import StoreConfig
+from rmqbroker.store.consume_queue import BLANK_SIZE, CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue
+from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreLockedError
+from rmqbroker.store.mapped_file import MappedFile
+from rmqbroker.store.record import (
+    DELAY,
+    HEADER_SIZES,
+    HOST_V6_MASK,
+    MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH,
+    MESSAGE_MAGIC_CODE,
+    REAL_QID,
+    REAL_TOPIC,
+    TAGS,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    WAIT,
+    BatchEntry,
+    decode_batch_body,
+    dispatch_fields,
+    encode_properties,
+    encode_tail_with_prefix,
+    get_property,
+    host_sys_flag,
+    ip_to_bytes,
+    java_string_hash,
+    join_properties,
+    offset_msg_id,
+    record_size,
+    record_topic,
+    tags_code,
+    topic_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SLAVE_ROLE = "SLAVE"
+ROLES = ("ASYNC_MASTER", "SYNC_MASTER", SLAVE_ROLE)
+# RocketMQ picks the abnormal-recovery segment 3 s before the checkpoint to absorb clock skew
+# between the commitlog and consume-queue flushers.
+_CHECKPOINT_SAFETY_MS = 3000
+# Pause after a failed background flush before trying again.
+_FLUSH_ERROR_BACKOFF_S = 1.0
+# "Pages" of the least-pages flush thresholds.
+_PAGE_SIZE = 4096
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = 0
+    FLUSH_DISK_TIMEOUT = 1
+    FLUSH_SLAVE_TIMEOUT = 2
+    SLAVE_NOT_AVAILABLE = 3
+    SERVICE_NOT_AVAILABLE = 4
+    CREATE_MAPEDFILE_FAILED = 5
+    MESSAGE_ILLEGAL = 6
+    PROPERTIES_SIZE_EXCEEDED = 7
+    OS_PAGECACHE_BUSY = 8
+    UNKNOWN_ERROR = 9
+
+
+# Enum member lookups are not free; the put path uses these module constants.
+_PUT_OK = PutMessageStatus.PUT_OK
+
+# Statuses for which the message is in the commitlog (the send response header is filled).
+STORED_STATUSES = frozenset({
+    PutMessageStatus.PUT_OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE,
+})
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = 0
+    NO_MATCHED_MESSAGE = 1
+    MESSAGE_WAS_REMOVING = 2
+    OFFSET_FOUND_NULL = 3
+    OFFSET_OVERFLOW_BADLY = 4
+    OFFSET_OVERFLOW_ONE = 5
+    OFFSET_TOO_SMALL = 6
+    NO_MATCHED_LOGIC_QUEUE = 7
+    NO_MESSAGE_IN_QUEUE = 8
+
+
+@dataclass(slots=True)
+class MessageInner:
+    """A message to store, as the send processor prepared it.
+
+    ``properties`` is the full property map to store (the store adds REAL_TOPIC/REAL_QID for
+    delayed messages and reads WAIT/DELAY/TAGS from it).  ``properties_string``, when set, is
+    stored verbatim instead of re-encoding ``properties`` (saves a re-encode on the send path;
+    it must describe the same properties, and is ignored for delayed messages).
+    ``tags_code`` overrides the hash of TAGS; ``store_host`` overrides the configured store host.
+    """
+
+    topic: str
+    queue_id: int
+    flag: int
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    tags_code: int | None = None
+    store_host: tuple[str, int] | None = None
+    prepared_transaction_offset: int = 0
+    properties_string: str | None = None
+
+
+@dataclass(slots=True)
+class MessageBatchInner:
+    """A batch send (§3.7): ``body`` is the (already inflated) batch body.
+
+    ``properties`` are the batch's own properties; they are appended to every message's
+    properties.  Pre-decoded ``entries`` may be passed instead of relying on ``body``.
+    """
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    store_host: tuple[str, int] | None = None
+    entries: list[BatchEntry] | None = None
+
+
+@dataclass(slots=True)
+class PutResult:
+    """Outcome of a put.  For a batch, offsets/ids describe all messages (ids comma-joined)."""
+
+    status: PutMessageStatus
+    wrote_offset: int = 0
+    wrote_bytes: int = 0
+    msg_id: str = ""
+    queue_offset: int = 0
+    store_timestamp: int = 0
+    msg_num: int = 0
+    # Where the message really went: SCHEDULE_TOPIC_XXXX / level-1 for a delayed message.
+    topic: str = ""
+    queue_id: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The message is stored (possibly without the requested durability)."""
+        return self.status in STORED_STATUSES
+
+    @property
+    def end_offset(self) -> int:
+        return self.wrote_offset + self.wrote_bytes
+
+    @property
+    def logics_offsets(self) -> list[int]:
+        """Consume-queue offsets of every stored message (consecutive for a batch)."""
+        return list(range(self.queue_offset, self.queue_offset + self.msg_num))
+
+
+@dataclass(slots=True)
+class GetMessageResult:
+    """Outcome of :meth:`MessageStore.get_message` (§2.5 step 3).
+
+    ``buffers`` are zero-copy views of the matched records in commitlog order; join them once
+    (:meth:`body`) to build the pull response body.
+    """
+
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    buffers: list[memoryview] = field(default_factory=list)
+    buffer_total_size: int = 0
+    message_count: int = 0
+
+    def body(self) -> bytes:
+        """The pull response body: the matched records concatenated (one copy)."""
+        return b"".join(self.buffers)
+
+
+ArrivalListener = Callable[[str, int, int], None]
+# HA seam for SYNC_MASTER: awaited with the end offset of a stored message that wants to wait;
+# returns PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5).
+ReplicationHook = Callable[[int], Awaitable[PutMessageStatus]]
+TagFilter = Callable[[int], bool]
+
+
+def _result(status: PutMessageStatus) -> PutResult:
+    return PutResult(status)
+
+
+class MessageStore:
+    """RocketMQ's DefaultMessageStore, reduced to what the broker needs (§4)."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.commitlog = CommitLog(config.commit_log_dir, config.mapped_file_size_commit_log)
+        self.checkpoint = StoreCheckpoint(config.checkpoint_path)
+        self._abort = AbortMarker(config.abort_path)
+        self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
+        self._listeners: list[ArrivalListener] = []
+        # Set by the HA service on a SYNC_MASTER; ``None`` means no replica wait.
+        self.replication_hook: ReplicationHook | None = None
+        self._store_host = config.store_host
+        try:
+            self._store_ip = ip_to_bytes(config.store_host[0])
+        except ValueError as exc:
+            raise StoreConfigError(f"store host must be an IP address, got {config.store_host[0]!r}") from exc
+        self._delay_levels = config.message_delay_levels
+        self._max_delay_level = len(config.message_delay_levels)
+        self._file_size = config.mapped_file_size_commit_log
+        self._max_message_size = config.max_message_size
+        self._running = False
+        self._writable = False
+        # Runtime role (promotion/demotion changes it): a SLAVE refuses puts.
+        self._role = config.broker_role
+        self._stopping = False
+        self._last_exit_ok = True
+        self._lock_fd: int | None = None
+        # Next commitlog offset whose record still has to be dispatched to consume queues.
+        self._reput_offset = 0
+        # Store time of the newest consume-queue unit written (for the checkpoint).
+        self._logics_ts = 0
+        self._flush_waiters: deque[tuple[int, asyncio.Future[bool]]] = deque()
+        self._flush_event: asyncio.Event | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ============================================================================== lifecycle ===
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def last_exit_ok(self) -> bool:
+        """Whether the previous run shut down cleanly (no ``abort`` file was found at start)."""
+        return self._last_exit_ok
+
+    async def start(self) -> None:
+        """Load files, recover (normal or abnormal), make consume queues agree with the commitlog,
+        create the abort marker and start the flushers."""
+        if self._running:
+            return
+        self.config.store_path_root_dir.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        try:
+            self._last_exit_ok = not self._abort.exists()
+            await asyncio.to_thread(self._load_and_recover)
+            await asyncio.to_thread(self._abort.create)
+        except BaseException:
+            self._close_files()
+            self._release_lock()
+            raise
+        self._flush_event = asyncio.Event()
+        self._stop_event = asyncio.Event()
+        self._stopping = False
+        self._running = True
+        self._writable = self._role != SLAVE_ROLE
+        self._tasks = [
+            asyncio.create_task(self._commitlog_flusher(), name="store-commitlog-flush"),
+            asyncio.create_task(self._consume_queue_flusher(), name="store-cq-flush"),
+        ]
+        log.info("message store started at %s: commitlog [%d, %d), %d consume queues, last exit %s",
+                 self.config.store_path_root_dir, self.min_phy_offset(), self.max_phy_offset(),
+                 sum(len(q) for q in self._cqs.values()), "clean" if self._last_exit_ok else "ABNORMAL")
+
+    async def shutdown(self) -> None:
+        """Stop the flushers, flush everything, write the checkpoint, delete the abort marker."""
+        if not self._running:
+            return
+        self._running = False
+        self._writable = False
+        self._stopping = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+        if self._flush_event is not None:
+            self._flush_event.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        clean = True
+        try:
+            flushed = await asyncio.to_thread(self._flush_all_sync)
+            self._release_flush_waiters(flushed)
+        except StoreError:
+            log.exception("final flush failed; keeping the abort marker so the next start recovers")
+            clean = False
+        for _end, fut in self._flush_waiters:
+            if not fut.done():
+                fut.set_result(False)
+        self._flush_waiters.clear()
+        self._close_files()
+        if clean:
+            await asyncio.to_thread(self._abort.remove)
+        self._release_lock()
+        log.info("message store shut down (%s)", "clean" if clean else "dirty")
+
+    def _acquire_lock(self) -> None:
+        fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreLockedError(f"store {self.config.store_path_root_dir} is locked by another "
+                                   f"process ({exc})") from exc
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _close_files(self) -> None:
+        self.commitlog.close()
+        for queues in self._cqs.values():
+            for cq in queues.values():
+                cq.close()
+
+    # =============================================================================== recovery ===
+    def _load_and_recover(self) -> None:
+        """Blocking start-up work (§4.3); runs in a worker thread before anything else uses the store."""
+        # Fresh state, so a store object can be started again after shutdown.
+        self.commitlog = CommitLog(self.config.commit_log_dir, self.config.mapped_file_size_commit_log)
+        self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
+        self._cqs = {}
+        self.checkpoint.load()
+        self.commitlog.load()
+        damaged_ends: list[int] = []
+        for cq in self._load_consume_queues():
+            intact = cq.load()
+            if not cq.recover() or not intact:
+                damaged_ends.append(cq.max_phy_end)
+
+        files = self.commitlog.mfq.files
+        scan_start = files[max(0, len(files) - 3)].file_from_offset if files else 0
+        ckpt_start = scan_start
+        if not self._last_exit_ok:
+            ckpt_start = self._checkpoint_segment_start()
+            scan_start = min(scan_start, ckpt_start)
+            log.warning("abnormal shutdown detected: rescanning the commitlog from %d", scan_start)
+        end = self.commitlog.recover(scan_start, self.config.check_crc_on_recover)
+        min_phy = self.commitlog.min_offset()
+
+        for queues in self._cqs.values():
+            for cq in queues.values():
+                removed = cq.truncate_beyond_phy(end)
+                if removed:
+                    log.warning("consume queue %s-%d: dropped %d unit(s) beyond the commitlog end %d",
+                                cq.topic, cq.queue_id, removed, end)
+                if not self._verify_tail(cq):
+                    damaged_ends.append(cq.max_phy_end)
+                cq.correct_min_offset(min_phy)
+        covered = max((cq.max_phy_end for qs in self._cqs.values() for cq in qs.values()), default=min_phy)
+        dispatch_from = min(covered, *damaged_ends) if damaged_ends else covered
+        if not self._last_exit_ok:
+            dispatch_from = min(dispatch_from, ckpt_start)
+        dispatch_from = max(min(dispatch_from, end), min_phy)
+        if dispatch_from < end:
+            log.info("dispatching commitlog [%d, %d) into consume queues", dispatch_from, end)
+        self._reput_offset = self._dispatch_from(dispatch_from)
+        if self._reput_offset != end:
+            log.warning("dispatch stopped at %d before the commitlog end %d", self._reput_offset, end)
+
+        table = self.commitlog.topic_queue_table
+        table.clear()
+        for topic, queues in self._cqs.items():
+            for qid, cq in queues.items():
+                if cq.max_offset() > 0:
+                    table[f"{topic}-{qid}"] = cq.max_offset()
+        self._logics_ts = self.commitlog.last_store_timestamp
+
+    def _load_consume_queues(self) -> list[ConsumeQueue]:
+        root = self.config.consume_queue_dir
+        root.mkdir(parents=True, exist_ok=True)
+        out: list[ConsumeQueue] = []
+        for topic_dir in sorted(root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for qdir in sorted(topic_dir.iterdir()):
+                if not qdir.is_dir() or not qdir.name.isdigit():
+                    continue
+                cq = ConsumeQueue(topic_dir.name, int(qdir.name), root,
+                                  self.config.mapped_file_size_consume_queue)
+                self._cqs.setdefault(cq.topic, {})[cq.queue_id] = cq
+                out.append(cq)
+        return out
+
+    def _checkpoint_segment_start(self) -> int:
+        """Newest segment whose first record is older than the checkpoint (abnormal recovery)."""
+        files = self.commitlog.mfq.files
+        limit = self.checkpoint.min_timestamp() - _CHECKPOINT_SAFETY_MS
+        if not files:
+            return 0
+        if limit > 0:
+            for mf in reversed(files):
+                fields = self.commitlog.header_fields(mf.file_from_offset)
+                if fields is not None and fields[1] == MESSAGE_MAGIC_CODE and 0 < fields[4] <= limit:
+                    return mf.file_from_offset
+        return files[0].file_from_offset
+
+    def _unit_matches(self, cq: ConsumeQueue, logical: int) -> bool:
+        """Whether the unit at ``logical`` points at this queue's record with that queue offset."""
+        unit = cq.get_unit(logical)
+        if unit is None:
+            return False
+        phy, size, _tags = unit
+        if size == BLANK_SIZE and phy == 0:
+            return True
+        fields = self.commitlog.header_fields(phy)
+        if fields is None:
+            return phy < self.commitlog.min_offset()  # data deleted by retention: not corruption
+        rec_size, magic, qid, qoff, _ts = fields
+        if magic != MESSAGE_MAGIC_CODE or rec_size != size or qid != cq.queue_id or qoff != logical:
+            return False
+        mf = self.commitlog.mfq.find_file(phy)
+        return mf is not None and record_topic(mf.mm, phy - mf.file_from_offset) == cq.topic
+
+    def _verify_tail(self, cq: ConsumeQueue) -> bool:
+        """Check the newest unit against the commitlog; on mismatch cut back to the last good one."""
+        low, high = cq.min_offset(), cq.max_offset()
+        if high <= low or self._unit_matches(cq, high - 1):
+            return True
+        # Units are good up to some point and bad after it: binary search for the last good one.
+        lo, hi = low, high - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._unit_matches(cq, mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        log.warning("consume queue %s-%d: units from %d disagree with the commitlog; rebuilding them",
+                    cq.topic, cq.queue_id, lo)
+        cq.truncate_to_logical(lo)
+        return False
+
+    # =============================================================================== dispatch ===
+    def _dispatch_from(self, start: int) -> int:
+        """Build consume-queue units for every complete record from ``start``; returns where it stopped."""
+        pos = start
+        try:
+            for mf, rel, size in self.commitlog.iter_records(start):
+                if size == 0:
+                    pos = mf.file_end_offset
+                    continue
+                self._dispatch_one(mf, rel)
+                pos = mf.file_from_offset + rel + size
+        except CorruptRecordError as exc:
+            log.error("cannot dispatch the commitlog past %d: %s", pos, exc)
+        return pos
+
+    def _dispatch_one(self, mf: MappedFile, rel: int) -> None:
+        size, topic, qid, qoff, sys_flag, store_ts, props = dispatch_fields(mf.mm, rel)
+        tran = sys_flag & TRANSACTION_TYPE_MASK
+        self.commitlog.last_store_timestamp = store_ts
+        if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            return
+        tags = tags_code(get_property(props, TAGS))
+        if topic == SCHEDULE_TOPIC:
+            level = _parse_int(get_property(props, DELAY))
+            if level > 0:
+                tags = store_ts + self._delay_levels[min(level, self._max_delay_level) - 1]
+        cq = self._get_or_create_cq(topic, qid)
+        cq.put_unit(qoff, mf.file_from_offset + rel, size, tags)
+        key = f"{topic}-{qid}"
+        table = self.commitlog.topic_queue_table
+        if table.get(key, 0) <= qoff:
+            table[key] = qoff + 1
+        self._logics_ts = store_ts
+        self._notify(topic, qid, cq.max_offset())
+
+    def _get_or_create_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queues = self._cqs.get(topic)
+        if queues is None:
+            queues = self._cqs[topic] = {}
+        cq = queues.get(queue_id)
+        if cq is None:
+            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
+                              self.config.mapped_file_size_consume_queue)
+            queues[queue_id] = cq
+        return cq
+
+    def _find_cq(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        queues = self._cqs.get(topic)
+        return queues.get(queue_id) if queues is not None else None
+
+    def _notify(self, topic: str, queue_id: int, max_offset: int) -> None:
+        for listener in self._listeners:
+            try:
+                listener(topic, queue_id, max_offset)
+            except Exception:
+                log.exception("arrival listener %r failed", listener)
+
+    def add_arrival_listener(self, listener: ArrivalListener) -> None:
+        """Call ``listener(topic, queue_id, new_max_offset)`` after every consume-queue write."""
+        self._listeners.append(listener)
+
+    def remove_arrival_listener(self, listener: ArrivalListener) -> None:
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            pass
+
+    # =================================================================================== puts ===
+    def append_message(self, msg: MessageInner) -> PutResult:
+        """Validate and store one message without waiting for flush/replication.
+
+        Nothing is written unless every check passes.  The schedule service can call this
+        directly; the send path uses :meth:`put_message`.
+        """
+        if not self._writable:
+            return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        topic = msg.topic
+        queue_id = msg.queue_id
+        props = msg.properties
+        delay_ms = -1
+        tran = msg.sys_flag & TRANSACTION_TYPE_MASK
+        not_prepared = tran not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+        if not_prepared and DELAY in props:
+            level = _parse_int(props[DELAY])
+            if level > 0:
+                level = min(level, self._max_delay_level)
+                props = dict(props)
+                props[DELAY] = str(level)
+                props[REAL_TOPIC] = topic
+                props[REAL_QID] = str(queue_id)
+                topic = SCHEDULE_TOPIC
+                queue_id = level - 1
+                delay_ms = self._delay_levels[level - 1]
+        prefix = topic_prefix(topic)
+        if len(prefix) > MAX_TOPIC_LENGTH + 1:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        props_str = msg.properties_string
+        if props_str is None or delay_ms >= 0:
+            props_str = encode_properties(props)
+        props_b = props_str.encode("utf-8")
+        if len(props_b) > MAX_PROPERTIES_LENGTH:
+            return _result(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+        body = msg.body
+        if len(body) > self._max_message_size:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        store_host = msg.store_host or self._store_host
+        try:
+            born_ip = ip_to_bytes(msg.born_host[0])
+            store_ip = self._store_ip if msg.store_host is None else ip_to_bytes(store_host[0])
+        except ValueError:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        sys_flag = msg.sys_flag & ~HOST_V6_MASK
+        if len(born_ip) != 4 or len(store_ip) != 4:
+            sys_flag |= host_sys_flag(born_ip, store_ip)
+        tail = encode_tail_with_prefix(prefix, props_b)
+        size = HEADER_SIZES[(sys_flag >> 4) & 3] + len(body) + len(tail)
+        if size + 8 > self._file_size:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        try:
+            phy, qoff, store_ts = self.commitlog.append_message(
+                topic, queue_id, msg.flag, body, tail, size, sys_flag, msg.born_timestamp, born_ip,
+                msg.born_host[1], store_ip, store_host[1], msg.reconsume_times,
+                msg.prepared_transaction_offset, not_prepared,
+            )
+        except (StoreError, OSError):
+            log.exception("commitlog append failed")
+            return _result(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        if not_prepared:
+            if delay_ms >= 0:
+                tags = store_ts + delay_ms
+            elif msg.tags_code is not None:
+                tags = msg.tags_code
+            else:
+                tag = props.get(TAGS)
+                tags = java_string_hash(tag) if tag else 0
+            queues = self._cqs.get(topic)
+            cq = queues.get(queue_id) if queues is not None else None
+            if cq is None:
+                cq = self._get_or_create_cq(topic, queue_id)
+            cq.put_unit(qoff, phy, size, tags)
+            self._logics_ts = store_ts
+            if self._listeners:
+                self._notify(topic, queue_id, qoff + 1)
+        self._reput_offset = phy + size
+        return PutResult(_PUT_OK, phy, size, offset_msg_id(store_host[0], store_host[1], phy),
+                         qoff, store_ts, 1, topic, queue_id)
+
+    async def put_message(self, msg: MessageInner) -> PutResult:
+        """Store one message and, unless its WAIT property is ``"false"``, wait for the configured
+        durability (SYNC_FLUSH group commit) and replication (``replication_hook``)."""
+        result = self.append_message(msg)
+        if result.status is _PUT_OK:
+            await self._await_durability(result, msg.properties.get(WAIT) != "false")
+        return result
+
+    def append_messages(self, batch: MessageBatchInner) -> PutResult:
+        """Validate and store a batch (consecutive queue offsets, one segment) without waiting."""
+        if not self._writable:
+            return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        prefix = topic_prefix(batch.topic)
+        if len(prefix) > MAX_TOPIC_LENGTH + 1:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        if batch.sys_flag & TRANSACTION_TYPE_MASK or _parse_int(batch.properties.get(DELAY)) > 0:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        try:
+            entries = batch.entries if batch.entries is not None else decode_batch_body(batch.body)
+        except CorruptRecordError as exc:
+            log.info("rejecting malformed batch for %s: %s", batch.topic, exc)
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        if not entries:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        store_host = batch.store_host or self._store_host
+        try:
+            born_ip = ip_to_bytes(batch.born_host[0])
+            store_ip = self._store_ip if batch.store_host is None else ip_to_bytes(store_host[0])
+        except ValueError:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        sys_flag = (batch.sys_flag & ~HOST_V6_MASK) | host_sys_flag(born_ip, store_ip)
+        batch_props = encode_properties(batch.properties)
+        max_size = self.config.max_message_size
+        items: list[tuple[int, bytes, bytes, int]] = []
+        tag_codes: list[int] = []
+        total = 0
+        for entry in entries:
+            if len(entry.body) > max_size:
+                return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+            props = join_properties(entry.properties, batch_props)
+            props_b = props.encode("utf-8")
+            if len(props_b) > MAX_PROPERTIES_LENGTH:
+                return _result(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+            tail = encode_tail_with_prefix(prefix, props_b)
+            size = record_size(sys_flag, len(entry.body), len(tail))
+            items.append((entry.flag, entry.body, tail, size))
+            tag_codes.append(tags_code(get_property(props, TAGS)))
+            total += size
+        if total + 8 > self._file_size:
+            return _result(PutMessageStatus.MESSAGE_ILLEGAL)
+        try:
+            offsets, first_qoff, store_ts = self.commitlog.append_batch(
+                batch.topic, batch.queue_id, items, total, sys_flag, batch.born_timestamp, born_ip,
+                batch.born_host[1], store_ip, store_host[1], 0,
+            )
+        except (StoreError, OSError):
+            log.exception("commitlog batch append failed")
+            return _result(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        cq = self._get_or_create_cq(batch.topic, batch.queue_id)
+        for i, (phy, item) in enumerate(zip(offsets, items, strict=True)):
+            cq.put_unit(first_qoff + i, phy, item[3], tag_codes[i])
+        self._logics_ts = store_ts
+        self._reput_offset = offsets[-1] + items[-1][3]
+        if self._listeners:
+            self._notify(batch.topic, batch.queue_id, first_qoff + len(items))
+        host, port = store_host
+        msg_ids = ",".join([offset_msg_id(host, port, phy) for phy in offsets])
+        return PutResult(PutMessageStatus.PUT_OK, offsets[0], total, msg_ids, first_qoff, store_ts,
+                         len(items), batch.topic, batch.queue_id)
+
+    async def put_messages(self, batch: MessageBatchInner) -> PutResult:
+        """Store a batch; waits like :meth:`put_message` (WAIT from the batch properties)."""
+        result = self.append_messages(batch)
+        if result.status is PutMessageStatus.PUT_OK:
+            await self._await_durability(result, batch.properties.get(WAIT) != "false")
+        return result
+
+    async def _await_durability(self, result: PutResult, wait: bool) -> None:
+        hook = self.replication_hook if wait else None
+        if self.config.sync_flush:
+            if not wait:
+                self._wake_flusher()
+            elif hook is None:
+                if not await self._wait_flushed(result.end_offset):
+                    result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                return
+            else:
+                flushed, replica = await asyncio.gather(self._wait_flushed(result.end_offset),
+                                                        hook(result.end_offset))
+                if not flushed:
+                    result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                if replica is not PutMessageStatus.PUT_OK:
+                    result.status = replica
+                return
+        if hook is not None:
+            replica = await hook(result.end_offset)
+            if replica is not PutMessageStatus.PUT_OK:
+                result.status = replica
+
+    # ================================================================================ flushing ===
+    def _wake_flusher(self) -> None:
+        if self._flush_event is not None:
+            self._flush_event.set()
+
+    async def _wait_flushed(self, end_offset: int) -> bool:
+        """Group commit: wait until a flush covers ``end_offset`` or the sync flush timeout passes."""
+        if self.commitlog.flushed_offset() >= end_offset:
+            return True
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._flush_waiters.append((end_offset, fut))
+        self._wake_flusher()
+        timer = loop.call_later(self.config.sync_flush_timeout_ms / 1000, _expire, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _release_flush_waiters(self, flushed: int) -> None:
+        waiters = self._flush_waiters
+        while waiters and waiters[0][0] <= flushed:
+            _end, fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(True)
+
+    def _flush_commitlog_sync(self) -> int:
+        """Blocking commitlog flush; records the checkpoint's physic timestamp."""
+        ts = self.commitlog.last_store_timestamp
+        flushed = self.commitlog.flush()
+        self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp, ts)
+        return flushed
+
+    def _flush_consume_queues_sync(self, queues: list[ConsumeQueue], logics_ts: int) -> None:
+        """Blocking flush of the given consume queues, then of the checkpoint."""
+        for cq in queues:
+            cq.flush()
+        self.checkpoint.logics_msg_timestamp = max(self.checkpoint.logics_msg_timestamp, logics_ts)
+        self.checkpoint.flush()
+
+    def _dirty_queues(self) -> list[ConsumeQueue]:
+        return [cq for qs in self._cqs.values() for cq in qs.values() if cq.is_dirty()]
+
+    def _flush_all_sync(self) -> int:
+        flushed = self._flush_commitlog_sync()
+        self._flush_consume_queues_sync(self._dirty_queues(), self._logics_ts)
+        return flushed
+
+    async def flush(self) -> int:
+        """Flush commitlog, consume queues and checkpoint now; returns the flushed commitlog offset."""
+        flushed = await asyncio.to_thread(self._flush_all_sync)
+        self._release_flush_waiters(flushed)
+        return flushed
+
+    async def _commitlog_flusher(self) -> None:
+        """SYNC_FLUSH: group commit whenever a put waits (and on every interval).  ASYNC_FLUSH: every
+        interval once enough pages are dirty, and thoroughly now and then."""
+        assert self._flush_event is not None and self._stop_event is not None
+        event = self._flush_event
+        cfg = self.config
+        interval = cfg.flush_interval_commit_log_ms / 1000
+        least = cfg.flush_commit_log_least_pages * _PAGE_SIZE
+        thorough = cfg.flush_commit_log_thorough_interval_ms / 1000
+        sync = cfg.sync_flush
+        loop = asyncio.get_running_loop()
+        last_flush = loop.time()
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(interval):
+                    await (event if sync else self._stop_event).wait()
+            except TimeoutError:
+                pass
+            event.clear()
+            if self._stopping:
+                break
+            dirty = self.commitlog.max_offset() - self.commitlog.flushed_offset()
+            if not self._flush_waiters and (dirty <= 0 or (
+                    not sync and dirty < least and loop.time() - last_flush < thorough)):
+                continue
+            try:
+                flushed = await asyncio.to_thread(self._flush_commitlog_sync)
+            except StoreError:
+                log.exception("commitlog flush failed")
+                await asyncio.sleep(_FLUSH_ERROR_BACKOFF_S)
+                continue
+            last_flush = loop.time()
+            self._release_flush_waiters(flushed)
+
+    async def _consume_queue_flusher(self) -> None:
+        """Flush dirty consume queues and then the checkpoint, least-pages / thorough like the commitlog."""
+        assert self._stop_event is not None
+        cfg = self.config
+        interval = cfg.flush_interval_consume_queue_ms / 1000
+        least = cfg.flush_consume_queue_least_pages * _PAGE_SIZE
+        thorough = cfg.flush_consume_queue_thorough_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        last_flush = loop.time()
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._stop_event.wait()
+            except TimeoutError:
+                pass
+            if self._stopping:
+                break
+            queues = self._dirty_queues()
+            if not queues:
+                continue
+            if loop.time() - last_flush < thorough and sum(cq.mfq.dirty_bytes() for cq in queues) < least:
+                continue
+            try:
+                await asyncio.to_thread(self._flush_consume_queues_sync, queues, self._logics_ts)
+            except StoreError:
+                log.exception("consume queue flush failed")
+                continue
+            last_flush = loop.time()
+
+    # ================================================================================== reads ===
+    def _correct(self, old: int, new: int) -> int:
+        # A slave leaves the client's offset alone unless offsetCheckInSlave is set (§2.5).
+        if self._role == SLAVE_ROLE and not self.config.offset_check_in_slave:
+            return old
+        return new
+
+    # Positional parameters are the pull processor's contract (RocketMQ's getMessage order).
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msg_nums: int,
+        tag_filter: TagFilter | None = None,
+    ) -> GetMessageResult:
+        """Read up to ``max_msg_nums`` matching records from ``offset`` (§2.5 step 3).
+
+        ``group`` is accepted for parity with RocketMQ (stats); ``tag_filter`` gets each unit's
+        tagsCode (``None`` matches everything).
+        """
+        G = GetMessageStatus
+        cq = self._find_cq(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(G.NO_MESSAGE_IN_QUEUE, self._correct(offset, 0), 0, 0)
+        min_off = cq.min_offset()
+        max_off = cq.max_offset()
+        if max_off == 0:
+            return GetMessageResult(G.NO_MESSAGE_IN_QUEUE, self._correct(offset, 0), min_off, max_off)
+        if offset < min_off:
+            return GetMessageResult(G.OFFSET_TOO_SMALL, self._correct(offset, min_off), min_off, max_off)
+        if offset == max_off:
+            return GetMessageResult(G.OFFSET_OVERFLOW_ONE, self._correct(offset, offset), min_off, max_off)
+        if offset > max_off:
+            return GetMessageResult(G.OFFSET_OVERFLOW_BADLY, self._correct(offset, max_off), min_off, max_off)
+        found = cq.units_buffer(offset)
+        if found is None:
+            return GetMessageResult(G.OFFSET_FOUND_NULL, self._correct(offset, cq.roll_next_file(offset)),
+                                    min_off, max_off)
+        mf, start, end = found
+        end = min(end, start + max(16000, max_msg_nums * CQ_STORE_UNIT_SIZE))
+        mm = mf.mm
+        unpack = UNIT.unpack_from
+        commitlog = self.commitlog
+        max_bytes = self.config.max_transfer_bytes_on_message_in_memory
+        max_count = self.config.max_transfer_count_on_message_in_memory
+        status = G.NO_MATCHED_MESSAGE
+        buffers: list[memoryview] = []
+        total = 0
+        count = 0
+        next_phy_file_start = -1
+        pos = start
+        while pos < end:
+            phy, size, tags = unpack(mm, pos)
+            if phy < next_phy_file_start or size == BLANK_SIZE:
+                pos += CQ_STORE_UNIT_SIZE
+                continue
+            if count and (count >= max_msg_nums or total + size > max_bytes or count >= max_count):
+                break
+            if tag_filter is not None and not tag_filter(tags):
+                pos += CQ_STORE_UNIT_SIZE
+                continue
+            view = commitlog.read(phy, size)
+            if view is None:
+                if not count:
+                    status = G.MESSAGE_WAS_REMOVING
+                next_phy_file_start = commitlog.roll_next_file(phy)
+                pos += CQ_STORE_UNIT_SIZE
+                continue
+            buffers.append(view)
+            total += size
+            count += 1
+            status = G.FOUND
+            next_phy_file_start = -1
+            pos += CQ_STORE_UNIT_SIZE
+        next_begin = offset + (pos - start) // CQ_STORE_UNIT_SIZE
+        return GetMessageResult(status, next_begin, min_off, max_off, buffers, total, count)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._find_cq(topic, queue_id)
+        return cq.max_offset() if cq is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._find_cq(topic, queue_id)
+        return cq.min_offset() if cq is not None else 0
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP (§2.9): exact store-time hit, else the nearer neighbour; 0 if none."""
+        cq = self._find_cq(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.search_offset_by_time(timestamp, self.commitlog.pickup_store_timestamp,
+                                        self.commitlog.min_offset())
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
+        """Store time of the oldest message in the queue, -1 if there is none."""
+        cq = self._find_cq(topic, queue_id)
+        unit = cq.earliest_unit() if cq is not None else None
+        if unit is None:
+            return -1
+        return self.commitlog.pickup_store_timestamp(unit[0], unit[1])
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store time of the message at a logical offset, -1 if unreadable."""
+        cq = self._find_cq(topic, queue_id)
+        unit = cq.get_unit(offset) if cq is not None else None
+        if unit is None or unit[1] == BLANK_SIZE:
+            return -1
+        return self.commitlog.pickup_store_timestamp(unit[0], unit[1])
+
+    def look_message_by_offset(self, phy_offset: int) -> bytes | None:
+        """The raw record at a commitlog offset (VIEW_MESSAGE_BY_ID, send-back), or ``None``."""
+        return self.commitlog.look_message(phy_offset)
+
+    def get_commitlog_data(self, offset: int, length: int) -> bytes:
+        """Raw commitlog bytes, clipped to what is written."""
+        return self.commitlog.get_data(offset, length)
+
+    def read_commitlog(self, offset: int, max_len: int) -> memoryview | None:
+        """Zero-copy raw bytes from ``offset`` within one segment (HA transfer frames)."""
+        return self.commitlog.read_range(offset, max_len)
+
+    def max_phy_offset(self) -> int:
+        return self.commitlog.max_offset()
+
+    def min_phy_offset(self) -> int:
+        return self.commitlog.min_offset()
+
+    def flushed_phy_offset(self) -> int:
+        return self.commitlog.flushed_offset()
+
+    def topic_queue_table(self) -> Mapping[str, int]:
+        """Live ``"topic-queueId"`` -> next queue offset map (do not mutate)."""
+        return self.commitlog.topic_queue_table
+
+    def list_queues(self, topic: str | None = None) -> list[tuple[str, int]]:
+        """Existing consume queues as ``(topic, queue_id)``, optionally for one topic."""
+        if topic is not None:
+            return [(topic, qid) for qid in sorted(self._cqs.get(topic, {}))]
+        return [(t, qid) for t in sorted(self._cqs) for qid in sorted(self._cqs[t])]
+
+    def get_consume_queue_units(self, topic: str, queue_id: int, offset: int,
+                                count: int) -> list[tuple[int, int, int]]:
+        """Raw ``(phy offset, size, tagsCode)`` units from a logical offset (schedule service)."""
+        cq = self._find_cq(topic, queue_id)
+        if cq is None or offset < cq.min_offset():
+            return []
+        return cq.get_units(offset, count)
+
+    def delay_level_ms(self, level: int) -> int:
+        """Delay of a 1-based level, clamped to the configured levels."""
+        return self._delay_levels[max(1, min(level, self._max_delay_level)) - 1]
+
+    @property
+    def max_delay_level(self) -> int:
+        return self._max_delay_level
+
+    # ==================================================================== HA / maintenance ===
+    @property
+    def role(self) -> str:
+        return self._role
+
+    def set_role(self, role: str) -> None:
+        """Promotion/demotion at runtime: a SLAVE refuses puts and leaves pull offsets alone."""
+        if role not in ROLES:
+            raise StoreConfigError(f"broker role must be one of {', '.join(ROLES)}, got {role!r}")
+        self._role = role
+        self._writable = self._running and role != SLAVE_ROLE
+
+    def dispatched_phy_offset(self) -> int:
+        """End of the last whole record in consume queues; always a record boundary.
+
+        Equal to :meth:`max_phy_offset` except on a slave whose replicated tail stops inside a
+        record (the rest has not arrived yet).
+        """
+        return self._reput_offset
+
+    def append_raw(self, phy_offset: int, data: bytes | bytearray | memoryview) -> int:
+        """Append replicated commitlog bytes (slave side) and dispatch every record now complete.
+
+        Raises :class:`StoreError` if ``phy_offset`` does not continue the log.  Returns the new
+        max physical offset.
+        """
+        if not self._running:
+            raise StoreError("store is not running")
+        was_empty = self.commitlog.max_offset() == 0
+        new_max = self.commitlog.append_raw(phy_offset, data)
+        if was_empty:
+            self._reput_offset = phy_offset
+        self._reput_offset = self._dispatch_from(self._reput_offset)
+        return new_max
+
+    def truncate_to(self, phy_offset: int) -> None:
+        """Cut the commitlog at ``phy_offset`` and drop consume-queue units beyond it (HA).
+
+        ``phy_offset`` must be a record boundary (e.g. :meth:`dispatched_phy_offset`); the bytes
+        after it are zeroed so they can never be mistaken for records later.
+        """
+        log.warning("truncating the commitlog from %d to %d", self.commitlog.max_offset(), phy_offset)
+        self.commitlog.truncate_to(phy_offset)
+        end = self.commitlog.max_offset()
+        table = self.commitlog.topic_queue_table
+        for topic, queues in self._cqs.items():
+            for qid, cq in queues.items():
+                cq.truncate_beyond_phy(end)
+                key = f"{topic}-{qid}"
+                if cq.max_offset() > 0:
+                    table[key] = cq.max_offset()
+                else:
+                    table.pop(key, None)
+        self._reput_offset = min(self._reput_offset, end)
+
+    def delete_consume_queue(self, topic: str) -> None:
+        """Forget a topic's consume queues (files included) and its queue offsets."""
+        queues = self._cqs.pop(topic, {})
+        for qid, cq in queues.items():
+            cq.destroy()
+            self.commitlog.topic_queue_table.pop(f"{topic}-{qid}", None)
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
+def _parse_int(value: str | None) -> int:
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return 0
