@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from rmqbroker.ha.epoch import EpochError, EpochStore, divergence_offset, parse_history
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
@@ -44,6 +44,8 @@ class _StreamProtocol(asyncio.Protocol):
         self.streaming = False
         loop = asyncio.get_running_loop()
         self.epoch_answer: asyncio.Future[bytes] = loop.create_future()
+        # Nobody awaits the answer once the handshake is over or abandoned: keep it quiet.
+        self.epoch_answer.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         self.last_read = time.monotonic()
 
@@ -187,31 +189,38 @@ class HAClient:
         transport, proto = await asyncio.wait_for(
             loop.create_connection(lambda: _StreamProtocol(self), host, port), 3.0)
         self.connected = True
+        changed = asyncio.ensure_future(self._changed.wait())
         try:
             if self.epochs is not None:
                 transport.write(REPORT.pack(EPOCH_QUERY))
-                answer = await asyncio.wait_for(asyncio.shield(proto.epoch_answer), self.housekeeping_interval)
-                await self._reconcile(answer, addr)
+                handshake: set[asyncio.Future[Any]] = {proto.epoch_answer, changed, proto.closed}
+                done, _ = await asyncio.wait(handshake,
+                                             timeout=self.housekeeping_interval,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if changed in done:
+                    return  # re-pointed while waiting: never take data from the old master
+                if proto.epoch_answer not in done:
+                    raise ConnectionError(f"master {addr} did not answer the epoch query")
+                await self._reconcile(proto.epoch_answer.result(), addr)
             proto.streaming = True
             log.info("HA following master %s from offset %d", addr, self.store.max_phy_offset())
             proto.report()
-            changed = asyncio.ensure_future(self._changed.wait())
-            try:
-                while True:
-                    done, _ = await asyncio.wait({proto.closed, changed}, timeout=self.heartbeat_interval)
-                    if changed in done:
-                        return
-                    if proto.closed in done:
-                        exc = proto.closed.result()
-                        if isinstance(exc, StreamMismatchError | StoreError):
-                            raise exc
-                        raise ConnectionError(str(exc))
-                    if time.monotonic() - proto.last_read > self.housekeeping_interval:
-                        raise ConnectionError(f"master silent for {self.housekeeping_interval:.0f}s")
-                    proto.report()
-            finally:
-                changed.cancel()
+            watched: set[asyncio.Future[Any]] = {proto.closed, changed}
+            while True:
+                done, _ = await asyncio.wait(watched, timeout=self.heartbeat_interval,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if changed in done:
+                    return
+                if proto.closed in done:
+                    exc = proto.closed.result()
+                    if isinstance(exc, StreamMismatchError | StoreError):
+                        raise exc
+                    raise ConnectionError(str(exc))
+                if time.monotonic() - proto.last_read > self.housekeeping_interval:
+                    raise ConnectionError(f"master silent for {self.housekeeping_interval:.0f}s")
+                proto.report()
         finally:
+            changed.cancel()
             transport.close()
 
     async def _reconcile(self, answer: bytes, addr: str) -> None:
