@@ -87,6 +87,7 @@ class Proc:
         if self.popen is None:
             return None
         if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGCONT)  # a SIGSTOPped process would never see the SIGTERM
             self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout)
@@ -101,10 +102,14 @@ class Proc:
 
 
 class Namesrv(Proc):
-    def __init__(self, workdir: Path, port: int | None = None, expiry: float = 120.0) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, expiry: float = 120.0,
+                 scan_interval: float | None = None) -> None:
         self.port = port or free_port()
-        super().__init__([PY, "-m", "rmqbroker.namesrv.main", "--listen", f"127.0.0.1:{self.port}",
-                          "--broker-expiry-seconds", str(expiry)], workdir / f"namesrv-{self.port}.log")
+        args = [PY, "-m", "rmqbroker.namesrv.main", "--listen", f"127.0.0.1:{self.port}",
+                "--broker-expiry-seconds", str(expiry)]
+        if scan_interval is not None:
+            args += ["--scan-interval-seconds", str(scan_interval)]
+        super().__init__(args, workdir / f"namesrv-{self.port}.log")
 
     @property
     def addr(self) -> str:

@@ -41,9 +41,11 @@ class BrokerCollector(Collector):
         yield counter("rmq_remoting_connections", "Connections accepted on the remoting port", r.connections_total)
         yield counter("rmq_remoting_unsupported_codes", "Requests with an unknown code", r.unsupported_codes)
         yield counter("rmq_remoting_handler_errors", "Requests whose handler raised", r.handler_errors)
+        yield counter("rmq_remoting_header_errors", "Requests with a missing or malformed header field",
+                      r.header_errors)
         malformed = CounterMetricFamily("rmq_malformed_frames", "Malformed frames (connection closed)",
                                         labels=[*names, "reason"])
-        for reason in ("bad_length", "bad_header"):
+        for reason in ("bad_length", "bad_header", "truncated"):
             malformed.add_metric([*values, reason], r.malformed_frames.get(reason, 0))
         yield malformed
         rejected = CounterMetricFamily("rmq_send_rejected", "Sends answered with an error code",

@@ -49,6 +49,7 @@ class RemotingStats:
     malformed_frames: dict[str, int] = field(default_factory=dict)
     unsupported_codes: int = 0
     handler_errors: int = 0
+    header_errors: int = 0
 
     def malformed(self, reason: str) -> None:
         self.malformed_frames[reason] = self.malformed_frames.get(reason, 0) + 1
@@ -83,6 +84,12 @@ class Connection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._buf and not self.closed:
+            # The peer went away in the middle of a frame.
+            self.server.stats.malformed("truncated")
+            log.warning("%s closed the connection inside a frame (%d bytes pending)", self.remote_addr,
+                        len(self._buf))
+            self._buf.clear()
         self.closed = True
         self.server.stats.connections_open -= 1
         self.server.connections.discard(self)
@@ -99,6 +106,7 @@ class Connection(asyncio.Protocol):
         buf += data
         pos = 0
         end = len(buf)
+        bad_header: str | None = None
         try:
             while end - pos >= 4:
                 (length,) = _LENGTH.unpack_from(buf, pos)
@@ -117,7 +125,11 @@ class Connection(asyncio.Protocol):
                 if self.closed:
                     return
         except FrameError as exc:
-            self._malformed("bad_header", str(exc))
+            # Handled after the except block: until the exception (and its traceback) is gone, the
+            # decoder's frames still hold views of the buffer, and a buffer with views can't be cleared.
+            bad_header = str(exc)
+        if bad_header is not None:
+            self._malformed("bad_header", bad_header)
             return
         if pos:
             del buf[:pos]
@@ -152,6 +164,7 @@ class Connection(asyncio.Protocol):
         try:
             response = await handler(self, cmd)
         except HeaderError as exc:
+            self.server.stats.header_errors += 1
             response = cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
         except asyncio.CancelledError:
             raise

@@ -1,0 +1,95 @@
+"""The broker's admin HTTP endpoint: open probes, token-protected status and metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.integration.helpers import message, poll, produce
+from tests.support.procs import BrokerProc, free_port, metric_value
+
+TOKEN = "s3cret-admin-token"
+
+
+@pytest.fixture
+def broker(cluster: Cluster) -> BrokerProc:
+    ns = cluster.namesrv()
+    return cluster.broker(ns.addr, token=TOKEN)
+
+
+def test_probes_are_open(broker: BrokerProc) -> None:
+    for path in ("/healthz", "/readyz"):
+        assert broker.admin(path, token=None)[0] == 200
+        assert broker.admin(path, token="wrong")[0] == 200
+
+
+@pytest.mark.parametrize("path", ["/status", "/metrics"])
+def test_status_and_metrics_need_the_token(broker: BrokerProc, path: str) -> None:
+    for token in (None, "wrong", TOKEN + "x", TOKEN[:-1], ""):
+        code, body = broker.admin(path, token=token)
+        assert code == 401, (token, code)
+        assert b"rmq_" not in body and b"maxPhyOffset" not in body
+    # the scheme must be Bearer
+    assert _basic_auth(broker, path)[0] == 401
+    code, body = broker.admin(path)
+    assert code == 200 and body
+
+
+def _basic_auth(broker: BrokerProc, path: str) -> tuple[int, bytes]:
+    """The token presented with the wrong scheme."""
+    req = urllib.request.Request(f"http://127.0.0.1:{broker.admin_port}{path}")
+    req.add_header("Authorization", f"Basic {TOKEN}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _probe(broker: BrokerProc, path: str) -> int | None:
+    """The probe's HTTP status, or None while the endpoint is not listening yet."""
+    try:
+        return broker.admin(path, token=None)[0]
+    except OSError:
+        return None
+
+
+def test_status_content(cluster: Cluster, broker: BrokerProc) -> None:
+    status = broker.status()
+    for key in ("cluster", "brokerName", "brokerId", "role", "maxPhyOffset", "minPhyOffset", "topics",
+                "dataVersions"):
+        assert key in status, key
+    assert (status["cluster"], status["brokerName"], status["brokerId"], status["role"]) == \
+        ("DefaultCluster", "broker-a", 0, "ASYNC_MASTER")
+    assert status["maxPhyOffset"] == status["minPhyOffset"] == 0
+    topics_before = status["topics"]
+    version_before = status["dataVersions"]["topics"]
+
+    ns_addr = broker.conf["namesrvAddr"]
+    produce(ns_addr, [message("StatusTopic", f"s{i}") for i in range(3)])
+    status = broker.status()
+    # the sends reached the store and auto-created a topic (bumping the topics' data version)
+    assert status["maxPhyOffset"] > 0
+    assert status["topics"] == topics_before + 1
+    assert status["dataVersions"]["topics"] != version_before
+    metrics = broker.metrics()
+    assert metric_value(metrics, "rmq_messages_in_total") == 3
+    assert metric_value(metrics, "rmq_commitlog_max_offset") == status["maxPhyOffset"]
+    json.dumps(status)  # plain JSON all the way down
+
+
+def test_readyz_waits_for_nameserver_registration(cluster: Cluster) -> None:
+    ns_port = free_port()
+    broker = cluster.broker(f"127.0.0.1:{ns_port}", start=False, token=TOKEN)
+    broker.start(wait_ready=False)
+    poll(lambda: _probe(broker, "/healthz") == 200, timeout=15, what="healthz")
+    # alive but not registered anywhere: not ready
+    assert broker.admin("/readyz", token=None)[0] == 503
+    assert broker.status()["registered"] is False
+    cluster.namesrv(port=ns_port)
+    poll(lambda: broker.admin("/readyz", token=None)[0] == 200, timeout=15, what="readyz after registration")
+    assert broker.status()["registered"] is True
