@@ -79,7 +79,8 @@ class BrokerSettings:
     clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
     haSendHeartbeatInterval: int = field(default=5000, metadata=_key("haSendHeartbeatInterval"))
     haHousekeepingInterval: int = field(default=20000, metadata=_key("haHousekeepingInterval"))
-    haTransferBatchSize: int = field(default=32768, metadata=_key("haTransferBatchSize"))
+    # Larger than Java's 32 KiB: per-frame costs dominate replication throughput in Python.
+    haTransferBatchSize: int = field(default=1048576, metadata=_key("haTransferBatchSize"))
     haSlaveFallbehindMax: int = field(default=268435456, metadata=_key("haSlaveFallbehindMax"))
     slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
     slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))

@@ -137,7 +137,9 @@ class ReplicationController:
             return
         await self.ha_client.stop()
         await self.metadata_sync.stop()
-        # A replicated tail may end inside a record; the new epoch starts at the last whole one.
+        # Every replicated record gets its consume-queue unit before this broker serves as master;
+        # a tail that ends inside a record is cut: the new epoch starts at the last whole one.
+        self.store.dispatch_some()
         end = self.store.dispatched_phy_offset()
         if end < self.store.max_phy_offset():
             self.store.truncate_to(end)

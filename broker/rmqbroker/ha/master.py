@@ -14,6 +14,7 @@ import collections
 import contextlib
 import json
 import logging
+import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -242,6 +243,10 @@ class HAService:
         log.info("HA master listening on %s:%d", self.config.listen_host, self.port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WRITE_CHUNK)
         conn = HAConnection(self, reader, writer)
         log.info("HA slave connected from %s", conn.address)
         self.connections.add(conn)

@@ -46,6 +46,8 @@ class CommitLog:
         # Number of fdatasync rounds, for tests and metrics.
         self.flush_count = 0
         self._last: MappedFile | None = None
+        # End of bytes reserved for a replicated append but not yet committed (None: nothing pending).
+        self._raw_end: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -200,6 +202,54 @@ class CommitLog:
             self._last = mf
         return self.max_offset()
 
+    def reserve_raw(self, phy_offset: int, n: int) -> list[tuple[MappedFile, int, int]]:
+        """Plan a replicated append of ``n`` bytes at ``phy_offset`` without writing it.
+
+        Returns ``(segment, position, length)`` pieces, creating segments as needed. The caller
+        writes them (e.g. with ``os.pwrite`` on ``segment.fd`` in a worker thread, so receiving and
+        writing overlap) and then calls :meth:`commit_raw`; until then readers don't see them.
+        """
+        expected = self._raw_end if self._raw_end is not None else self.max_offset()
+        if expected == 0 and phy_offset != 0 and self._raw_end is None:
+            # Nothing written yet: start the log where the master's stream starts.
+            self.mfq.destroy()
+            mf = self.mfq.create_file(phy_offset - phy_offset % self.file_size)
+            mf.wrote_position = mf.flushed_position = phy_offset % self.file_size
+            self._last = mf
+        elif phy_offset != expected:
+            raise StoreError(f"raw append at {phy_offset} does not continue the commitlog at {expected}")
+        pieces: list[tuple[MappedFile, int, int]] = []
+        pos, left = phy_offset, n
+        while left > 0:
+            found = self.mfq.find_file(pos)
+            mf = found if found is not None else self.mfq.create_file(pos - pos % self.file_size)
+            rel = pos - mf.file_from_offset
+            k = min(left, mf.file_size - rel)
+            pieces.append((mf, rel, k))
+            pos += k
+            left -= k
+        self._raw_end = pos
+        return pieces
+
+    @property
+    def raw_pending(self) -> bool:
+        """Whether reserved replicated bytes are still uncommitted."""
+        return self._raw_end is not None
+
+    def commit_raw(self, end: int) -> None:
+        """Bytes reserved by :meth:`reserve_raw` are written up to ``end``: make them visible."""
+        for mf in reversed(self.mfq.files):
+            if mf.file_from_offset >= end:
+                continue
+            upto = min(end - mf.file_from_offset, mf.file_size)
+            if upto <= mf.wrote_position:
+                break
+            mf.wrote_position = upto
+            if self._last is None or mf.file_from_offset >= self._last.file_from_offset:
+                self._last = mf
+        if self._raw_end == end:
+            self._raw_end = None
+
     # -- reads -----------------------------------------------------------------------------------
     def read(self, phy_offset: int, size: int) -> memoryview | None:
         """A view of ``size`` written bytes at ``phy_offset`` inside one segment, or ``None``."""
@@ -350,6 +400,7 @@ class CommitLog:
         """Drop everything from ``offset`` on (zeroing the tail of the segment that holds it)."""
         self.mfq.truncate_to(offset)
         self._last = self.mfq.last_file
+        self._raw_end = None
 
     # -- durability ------------------------------------------------------------------------------
     def flush(self) -> int:

@@ -456,11 +456,15 @@ class MessageStore:
         return False
 
     # =============================================================================== dispatch ===
-    def _dispatch_from(self, start: int) -> int:
-        """Build consume-queue units for every complete record from ``start``; returns where it stopped."""
+    def _dispatch_from(self, start: int, budget: int | None = None) -> int:
+        """Build consume-queue units for complete records from ``start`` (at most ``budget`` bytes of
+        them when given); returns where it stopped."""
         pos = start
+        limit = None if budget is None else start + budget
         try:
             for mf, rel, size in self.commitlog.iter_records(start):
+                if limit is not None and pos >= limit:
+                    break
                 if size == 0:
                     pos = mf.file_end_offset
                     continue
@@ -996,11 +1000,13 @@ class MessageStore:
         """
         return self._reput_offset
 
-    def append_raw(self, phy_offset: int, data: bytes | bytearray | memoryview) -> int:
-        """Append replicated commitlog bytes (slave side) and dispatch every record now complete.
+    def append_raw(self, phy_offset: int, data: bytes | bytearray | memoryview, *, dispatch: bool = True) -> int:
+        """Append replicated commitlog bytes (slave side); returns the new max physical offset.
 
-        Raises :class:`StoreError` if ``phy_offset`` does not continue the log.  Returns the new
-        max physical offset.
+        With ``dispatch`` every record now complete gets its consume-queue unit at once; without
+        it the caller runs :meth:`dispatch_some` later (RocketMQ's reput service also trails the
+        commitlog), which lets a catching-up slave take bytes at socket speed. Raises
+        :class:`StoreError` if ``phy_offset`` does not continue the log.
         """
         if not self._running:
             raise StoreError("store is not running")
@@ -1008,8 +1014,31 @@ class MessageStore:
         new_max = self.commitlog.append_raw(phy_offset, data)
         if was_empty:
             self._reput_offset = phy_offset
-        self._reput_offset = self._dispatch_from(self._reput_offset)
+        if dispatch:
+            self._reput_offset = self._dispatch_from(self._reput_offset)
         return new_max
+
+    def reserve_raw(self, phy_offset: int, n: int) -> list[tuple[MappedFile, int, int]]:
+        """Plan a replicated append written elsewhere (see :meth:`CommitLog.reserve_raw`)."""
+        if not self._running:
+            raise StoreError("store is not running")
+        if self.commitlog.max_offset() == 0 and not self.commitlog.raw_pending:
+            # An empty log starts wherever the master's stream starts.
+            self._reput_offset = phy_offset
+        return self.commitlog.reserve_raw(phy_offset, n)
+
+    def commit_raw(self, end: int) -> None:
+        """Replicated bytes up to ``end`` are written; consume queues follow via :meth:`dispatch_some`."""
+        self.commitlog.commit_raw(end)
+
+    def dispatch_behind(self) -> int:
+        """Commitlog bytes not yet dispatched into consume queues."""
+        return self.commitlog.max_offset() - self._reput_offset
+
+    def dispatch_some(self, budget: int | None = None) -> int:
+        """Dispatch up to ``budget`` bytes of complete records (all when None); bytes still behind."""
+        self._reput_offset = self._dispatch_from(self._reput_offset, budget)
+        return self.dispatch_behind()
 
     def truncate_to(self, phy_offset: int) -> None:
         """Cut the commitlog at ``phy_offset`` and drop consume-queue units beyond it (HA).

@@ -536,6 +536,51 @@ def dispatch_fields(buf: ReadBuffer, pos: int) -> tuple[int, str, int, int, int,
     return int(total), topic, int(qid), int(qoff), int(sys_flag), int(store_ts), props
 
 
+# TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET read at once (bulk verification).
+#   0 TOTALSIZE i | 4 MAGICCODE i | 8 BODYCRC i | 12 QUEUEID i | 16 FLAG i | 20 QUEUEOFFSET q
+_HEAD28 = struct.Struct(">iiiiiq")
+
+
+def verify_record(buf: ReadBuffer, pos: int) -> tuple[int, bool, str, int, int, int, int, str]:
+    """:func:`check_record` and :func:`dispatch_fields` in one pass, for scanning whole logs (replica
+    verification): one call per record instead of two that parse the same header.
+
+    Returns ``(total_size, body_crc_ok, topic, queue_id, queue_offset, sys_flag, store_timestamp,
+    properties)``.  A body CRC mismatch is returned as ``False`` (the framing is still sound, so a
+    scan can go on); anything else that is not a complete, self-consistent record in ``buf`` -
+    end-of-file markers and records cut off by the end of ``buf`` included - raises
+    :class:`CorruptRecordError` as :func:`check_record` would.
+    """
+    n = len(buf)
+    if pos < 0 or n - pos < MIN_RECORD_SIZE:
+        raise CorruptRecordError(f"no room for a record at {pos}", pos)
+    total, magic, crc, qid, _flag, qoff = _HEAD28.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC_CODE:
+        raise CorruptRecordError(f"bad magic code {magic & 0xFFFFFFFF:#010x} at {pos}", pos)
+    if total < MIN_RECORD_SIZE or total > n - pos:
+        raise CorruptRecordError(f"record at {pos} has impossible TOTALSIZE {total}", pos)
+    sys_flag = _I32.unpack_from(buf, pos + SYSFLAG_POS)[0]
+    hsize = _HEADERS[(sys_flag >> 4) & 3].size
+    end = pos + total
+    body_len = _I32.unpack_from(buf, pos + hsize - 4)[0] if total >= hsize + _TAIL_FIXED else -1
+    start = pos + hsize
+    p = start + body_len
+    if body_len < 0 or p + _TAIL_FIXED > end:
+        raise CorruptRecordError(f"record at {pos} has impossible BODYLENGTH {body_len}", pos)
+    t = p + 1
+    p = t + buf[p]
+    if p + 2 > end:
+        raise CorruptRecordError(f"record at {pos}: topic runs past the record end", pos)
+    if p + 2 + _U16.unpack_from(buf, p)[0] != end:
+        raise CorruptRecordError(f"record at {pos}: TOTALSIZE {total} disagrees with its fields", pos)
+    with memoryview(buf) as view:
+        crc_ok = zlib.crc32(view[start:start + body_len]) & 0x7FFFFFFF == crc
+    store_ts = _I64.unpack_from(buf, pos + (68 if sys_flag & BORNHOST_V6 else 56))[0]
+    topic = bytes(buf[t:p]).decode("utf-8", "replace")
+    props = bytes(buf[p + 2:end]).decode("utf-8", "replace")
+    return int(total), crc_ok, topic, int(qid), int(qoff), int(sys_flag), int(store_ts), props
+
+
 def record_header_fields(buf: ReadBuffer, pos: int) -> tuple[int, int, int, int, int]:
     """``(total_size, magic, queue_id, queue_offset, store_timestamp)`` of the record at ``pos``."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)

@@ -1,0 +1,328 @@
+"""HA replication benchmarks (real broker processes on loopback).
+
+(a) ``catchup``: a master holding a large commitlog (default 1 GiB, written through the store API
+    before the broker starts), an empty slave started against it; time until the slave's
+    maxPhyOffset equals the master's. In the same run, raw loopback socket throughput (sendfile of
+    the same segment files into a recv_into loop in another process) is measured and the ratio
+    catch-up / raw printed.
+(b) ``lag``: a steady 5,000 msg/s stream of 1 KiB sends to an ASYNC master with one slave; for a
+    sample of sends the time from the send's acknowledgement until the slave's HA ack covers it
+    (read from the master's /status) — reported as p50/p99 replication lag.
+(c) ``syncasync``: 16 concurrent producers for a fixed time against an ASYNC_MASTER and then a
+    SYNC_MASTER (each with one slave); throughput of each and the ratio SYNC/ASYNC.
+
+Usage: ``python bench/ha_bench.py [catchup|lag|syncasync|all] [--gib 1.0] [--seconds 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.procs import BrokerProc  # noqa: E402
+
+from rmqbroker.remoting.client import RemotingClient  # noqa: E402
+from rmqbroker.remoting.codes import RequestCode  # noqa: E402
+from rmqbroker.remoting.frame import RemotingCommand  # noqa: E402
+
+SEG = 1024 * 1024 * 1024
+
+
+def status(b: BrokerProc) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{b.admin_port}/status",
+                                 headers={"Authorization": f"Bearer {b.token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        result: dict[str, Any] = json.loads(r.read())
+        return result
+
+
+def fill_store(store_dir: Path, total_bytes: int, body_size: int) -> int:
+    """Write ~total_bytes of messages through the store API (no broker running); the end offset."""
+    from rmqbroker.store.config import StoreConfig
+    from rmqbroker.store.message_store import MessageInner, MessageStore
+
+    async def run() -> int:
+        store = MessageStore(StoreConfig(store_path_root_dir=store_dir, mapped_file_size_commit_log=SEG,
+                                         store_host=("127.0.0.1", 10911)))
+        await store.start()
+        body = os.urandom(body_size)
+        n = 0
+        while store.max_phy_offset() < total_bytes:
+            store.append_message(MessageInner(topic="CatchUp", queue_id=n % 8, flag=0, body=body,
+                                              properties={"KEYS": str(n)}, born_host=("127.0.0.1", 1)))
+            n += 1
+        end = store.max_phy_offset()
+        await store.shutdown()
+        return end
+
+    return asyncio.run(run())
+
+
+def _raw_receiver(port_q: Any, total: int, result_q: Any) -> None:
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port_q.put(srv.getsockname()[1])
+        conn, _ = srv.accept()
+        buf = bytearray(4 * 1024 * 1024)
+        view = memoryview(buf)
+        got = 0
+        start = time.perf_counter()
+        while got < total:
+            n = conn.recv_into(view)
+            if n == 0:
+                break
+            got += n
+        result_q.put((got, time.perf_counter() - start))
+        conn.close()
+
+
+def raw_loopback(files: list[Path], total: int) -> float:
+    """Bytes/s of sendfile(segment files) -> recv_into on loopback, in two processes."""
+    ctx = mp.get_context("spawn")
+    port_q: Any = ctx.Queue()
+    result_q: Any = ctx.Queue()
+    p = ctx.Process(target=_raw_receiver, args=(port_q, total, result_q))
+    p.start()
+    port = port_q.get(timeout=30)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        sent = 0
+        for f in files:
+            with open(f, "rb") as fh:
+                remaining = min(f.stat().st_size, total - sent)
+                while remaining > 0:
+                    n = s.sendfile(fh, count=remaining)
+                    if not n:
+                        break
+                    remaining -= n
+                    sent += n
+    got, secs = result_q.get(timeout=120)
+    p.join(30)
+    return float(got / secs)
+
+
+def pagecache_write(work: Path, total: int) -> float:
+    """Bytes/s of pwrite into a fresh file: what any slave pays to land bytes in the page cache."""
+    path = work / "pwrite.probe"
+    buf = os.urandom(1 << 20)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        start = time.perf_counter()
+        for pos in range(0, total - len(buf) + 1, len(buf)):
+            os.pwrite(fd, buf, pos)
+        return float((total - total % len(buf)) / (time.perf_counter() - start))
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def bench_catchup(work: Path, gib: float, body_size: int) -> dict[str, Any]:
+    master_store = work / "master"
+    master_store.mkdir(parents=True)
+    print(f"[catchup] writing {gib:.2f} GiB of {body_size}-byte messages through the store API ...", flush=True)
+    t0 = time.perf_counter()
+    end = fill_store(master_store / "store", int(gib * (1 << 30)), body_size)
+    print(f"[catchup] wrote {end / 1e6:.0f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
+    master = BrokerProc(work, None, name="bench-ha", mappedFileSizeCommitLog=SEG, mappedFileSizeConsumeQueue=6000000,
+                        storePathRootDir=str(master_store / "store"))
+    master.start()
+    slave = BrokerProc(work, None, name="bench-ha", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                       mappedFileSizeConsumeQueue=6000000,
+                       haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    try:
+        # The clock starts at the first replicated byte: process start-up is not replication.
+        slave.start(wait_ready=False)
+        first = None
+        while True:
+            try:
+                st = status(slave)
+            except OSError:
+                time.sleep(0.01)
+                continue
+            now = time.perf_counter()
+            if first is None and st["maxPhyOffset"] > 0:
+                first = (now, st["maxPhyOffset"])
+            if st["maxPhyOffset"] >= end:
+                break
+            time.sleep(0.01)
+        assert first is not None
+        secs = now - first[0]
+        end_bytes = end - first[1]
+        files = sorted((master_store / "store" / "commitlog").iterdir())
+    finally:
+        slave.stop()
+        master.stop()
+    rate = end_bytes / secs
+    raw = raw_loopback(files, end)
+    shutil.rmtree(master_store, ignore_errors=True)
+    pwrite = pagecache_write(work, end)
+    return {"bytes": end, "body_size": body_size, "seconds": secs, "catchup_MBps": rate / 1e6,
+            "raw_loopback_MBps": raw / 1e6, "ratio": rate / raw,
+            "pagecache_pwrite_MBps": pwrite / 1e6, "ratio_to_pwrite": rate / pwrite}
+
+
+async def _sender(addr: str, topic: str, body: bytes, rate: float, seconds: float,
+                  acks: list[tuple[int, float]]) -> None:
+    client = RemotingClient()
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    stop_at = next_at + seconds
+    sem = asyncio.Semaphore(256)
+
+    async def one(i: int) -> None:
+        async with sem:
+            ext = {"a": "PG_BENCH", "b": topic, "c": "TBW102", "d": "4", "e": str(i % 4), "f": "0",
+                   "g": str(int(time.time() * 1000)), "h": "0", "i": "WAIT\x01true\x02"}
+            resp = await client.invoke(addr, RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=ext,
+                                                             body=body), 10)
+            if resp.code == 0:
+                offset = int(resp.ext_fields["msgId"][16:], 16)
+                acks.append((offset + 1, time.perf_counter()))
+
+    tasks = []
+    i = 0
+    while time.perf_counter() < stop_at:
+        tasks.append(asyncio.create_task(one(i)))
+        i += 1
+        next_at += interval
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    await asyncio.gather(*tasks)
+    await client.close()
+
+
+def bench_lag(work: Path, seconds: float, rate: float) -> dict[str, Any]:
+    master = BrokerProc(work, None, name="bench-lag")
+    master.start()
+    slave = BrokerProc(work, None, name="bench-lag", broker_id=1, role="SLAVE",
+                       haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    slave.start()
+    acks: list[tuple[int, float]] = []
+    observed: list[tuple[float, int]] = []
+    try:
+        # Watch the master's view of the slave's acked offset in a thread while sending.
+        import threading
+
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                st = status(master)
+                slaves = st["ha"]["slaves"]
+                if slaves:
+                    observed.append((time.perf_counter(), int(slaves[0]["ackedOffset"])))
+                time.sleep(0.001)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        asyncio.run(_sender(master.addr, "LagTopic", os.urandom(1024), rate, seconds, acks))
+        time.sleep(0.5)
+        done.set()
+        t.join(5)
+    finally:
+        slave.stop()
+        master.stop()
+    lags = []
+    j = 0
+    for end_offset, acked_at in sorted(acks):
+        while j < len(observed) and (observed[j][1] < end_offset):
+            j += 1
+        if j == len(observed):
+            break
+        lags.append(max(0.0, observed[j][0] - acked_at) * 1000)
+    lags.sort()
+    return {"rate": rate, "sent": len(acks), "samples": len(lags),
+            "p50_ms": statistics.median(lags) if lags else None,
+            "p99_ms": lags[int(len(lags) * 0.99) - 1] if lags else None,
+            "note": "lag includes the /status polling interval (~1-2 ms)"}
+
+
+def bench_syncasync(work: Path, seconds: float, producers: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for role in ("ASYNC_MASTER", "SYNC_MASTER"):
+        name = f"bench-{role.lower().replace('_', '-')}"
+        master = BrokerProc(work, None, name=name, role=role)
+        master.start()
+        slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}")
+        slave.start()
+        try:
+            time.sleep(1)
+            count = asyncio.run(_closed_loop(master.addr, producers, seconds))
+        finally:
+            slave.stop()
+            master.stop()
+        out[role] = {"msgs": count, "msgs_per_s": count / seconds}
+    out["ratio_sync_async"] = out["SYNC_MASTER"]["msgs_per_s"] / out["ASYNC_MASTER"]["msgs_per_s"]
+    return out
+
+
+async def _closed_loop(addr: str, producers: int, seconds: float) -> int:
+    body = os.urandom(1024)
+    stop_at = time.perf_counter() + seconds
+    counts = [0] * producers
+
+    async def producer(k: int) -> None:
+        client = RemotingClient()
+        i = 0
+        while time.perf_counter() < stop_at:
+            ext = {"a": "PG_BENCH", "b": "SyncAsync", "c": "TBW102", "d": "4", "e": str(i % 4), "f": "0",
+                   "g": str(int(time.time() * 1000)), "h": "0", "i": "WAIT\x01true\x02"}
+            resp = await client.invoke(addr, RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=ext,
+                                                             body=body), 10)
+            if resp.code == 0:
+                counts[k] += 1
+            i += 1
+        await client.close()
+
+    await asyncio.gather(*(producer(k) for k in range(producers)))
+    return sum(counts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("which", nargs="?", default="all", choices=("catchup", "lag", "syncasync", "all"))
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--body", type=int, default=1024)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=5000.0)
+    parser.add_argument("--producers", type=int, default=16)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ha-bench-"))
+    results: dict[str, Any] = {}
+    try:
+        if args.which in ("catchup", "all"):
+            results["catchup"] = bench_catchup(work / "c", args.gib, args.body)
+            print(json.dumps(results["catchup"]), flush=True)
+        if args.which in ("lag", "all"):
+            (work / "l").mkdir()
+            results["lag"] = bench_lag(work / "l", args.seconds, args.rate)
+            print(json.dumps(results["lag"]), flush=True)
+        if args.which in ("syncasync", "all"):
+            (work / "s").mkdir()
+            results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers)
+            print(json.dumps(results["syncasync"]), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
