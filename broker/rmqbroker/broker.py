@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from rmqbroker.remoting.server import RemotingServer
 from rmqbroker.runtime import Supervisor
 from rmqbroker.schedule import ScheduleMessageService
 from rmqbroker.store.config import StoreConfig, parse_delay_levels
+from rmqbroker.store.consume_queue import UNIT
 from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,9 @@ class Broker:
             self.admin.add_route("POST", "/ha/master", self._http_repoint)
             self.admin.add_route("POST", "/role", self._http_role)
             self.admin.add_route("GET", "/commitlog", self._http_commitlog)
+            # Read-only views for replica verification (rmqbroker.verify).
+            self.admin.add_route("GET", "/consumequeue", self._http_consume_queue)
+            self.admin.add_route("GET", "/metadata", self._http_metadata)
 
     # -- metrics/status --
     def _observe_latency(self, code: int, seconds: float) -> None:
@@ -295,6 +300,45 @@ class Broker:
             pos += len(view)
         await resp.write_eof()
         return resp
+
+    async def _http_consume_queue(self, request: web.Request) -> web.Response:
+        """Raw 20-byte units (§4.2) of one queue from a logical offset; without ``topic``, the queue list.
+
+        Units are sent as stored (blank fillers included) so a verifier sees exactly what consumers
+        would; ``X-CQ-Min-Offset``/``X-CQ-Max-Offset`` give the queue's current logical range.
+        """
+        topic = request.query.get("topic")
+        if topic is None:
+            return json_response([
+                {"topic": t, "queueId": qid, "minOffset": self.store.get_min_offset_in_queue(t, qid),
+                 "maxOffset": self.store.get_max_offset_in_queue(t, qid)}
+                for t, qid in self.store.list_queues()])
+        try:
+            queue_id = int(request.query.get("queueId", "0"))
+            offset = int(request.query.get("offset", "0"))
+            count = int(request.query.get("count", "1000"))
+        except ValueError:
+            return json_error(400, "queueId, offset and count must be integers")
+        if queue_id < 0 or offset < 0 or count <= 0:
+            return json_error(400, "queueId and offset must be >= 0 and count > 0")
+        # Bounded so one request never builds more than ~20 MB of response.
+        units = self.store.get_consume_queue_units(topic, queue_id, offset, min(count, 1 << 20))
+        resp = web.Response(body=b"".join([UNIT.pack(*u) for u in units]), content_type="application/octet-stream")
+        resp.headers["X-CQ-Offset"] = str(offset)
+        resp.headers["X-CQ-Min-Offset"] = str(self.store.get_min_offset_in_queue(topic, queue_id))
+        resp.headers["X-CQ-Max-Offset"] = str(self.store.get_max_offset_in_queue(topic, queue_id))
+        return resp
+
+    async def _http_metadata(self, request: web.Request) -> web.Response:
+        """The metadata files' current content (topics and groups with their DataVersion, offsets)."""
+        return json_response({
+            "topics": json.loads(self.topics.encode()),
+            "subscriptionGroups": json.loads(self.groups.encode()),
+            "consumerOffsets": json.loads(self.offsets.encode()),
+            "delayOffsets": json.loads(self.delay_offsets.encode()),
+            # Needed to recompute SCHEDULE_TOPIC_XXXX tagsCodes (delivery time = store time + delay).
+            "messageDelayLevel": self.settings.messageDelayLevel,
+        })
 
     async def stop(self) -> None:
         s = self.settings

@@ -136,15 +136,22 @@ def fetch_status(admin_port: int, token: str) -> dict[str, Any] | None:
 
 def status_table(state: dict[str, Any]) -> str:
     token = Path(state["tokenFile"]).read_text().strip()
-    rows = [("ID", "ROLE", "ADDRESS", "MAX OFFSET", "LAG BYTES", "STATE")]
+    rows = [("ID", "ROLE", "ADDRESS", "EPOCH", "MAX OFFSET", "LAG BYTES", "HA", "STATE")]
     statuses = [fetch_status(b["admin"], token) for b in state["brokers"]]
     master_max = next((s["maxPhyOffset"] for s in statuses if s and s.get("brokerId") == 0), None)
     for b, st in zip(state["brokers"], statuses, strict=True):
         if st is None:
-            rows.append((str(b["id"]), "-", f"127.0.0.1:{b['listen']}", "-", "-", "DOWN"))
+            rows.append((str(b["id"]), "-", f"127.0.0.1:{b['listen']}", "-", "-", "-", "-", "DOWN"))
             continue
         lag = "-" if master_max is None or st["brokerId"] == 0 else str(max(0, master_max - st["maxPhyOffset"]))
-        rows.append((str(st["brokerId"]), st["role"], st["brokerAddr"], str(st["maxPhyOffset"]), lag, "UP"))
+        ha = st.get("ha") or {}
+        if st["role"] == "SLAVE":
+            link = "connected" if ha.get("connected") else "disconnected"
+        else:
+            slaves = ha.get("slaves") or []
+            link = f"{sum(1 for x in slaves if x.get('inSync'))}/{len(slaves)} in sync"
+        rows.append((str(st["brokerId"]), st["role"], st["brokerAddr"], str(st.get("epoch", 0)),
+                     str(st["maxPhyOffset"]), lag, link, "UP"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)

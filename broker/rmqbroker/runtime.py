@@ -81,7 +81,7 @@ def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]])
         await main(stop)
 
     try:
-        import uvloop  # noqa: PLC0415 - optional accelerator
+        import uvloop
 
         uvloop.run(runner())
     except ImportError:

@@ -1,1 +1,13 @@
-"""Kubernetes operator for BrokerGroup resources."""
+"""Kubernetes operator for BrokerGroup resources (``rmq-operator``, or ``kopf run -m rmqoperator.handlers``).
+
+Modules:
+
+* ``spec`` -- the BrokerGroup spec as a typed value (CRD defaults re-applied) and semantic checks;
+* ``builders`` -- pure functions: spec + role assignment -> StatefulSets, Services, ConfigMap, PDBs, Secret;
+* ``reconcile`` / ``failover`` / ``rolling`` / ``status`` -- pure decisions (role assignment,
+  failover candidate, admin-API alignment actions, restart order, conditions);
+* ``controller`` -- per-group orchestration executing those decisions;
+* ``k8s`` -- the only module calling the Kubernetes API (and the RBAC it needs);
+* ``brokerapi`` -- the brokers' admin HTTP API client;
+* ``handlers`` -- thin kopf handlers; ``metrics`` -- Prometheus metrics; ``main`` -- the entry point.
+"""

@@ -39,7 +39,7 @@ def _topics_from_table(table: dict[str, Any]) -> list[TopicConfigLite]:
             read_queue_nums=int(tc.get("readQueueNums", 16)),
             write_queue_nums=int(tc.get("writeQueueNums", 16)),
             perm=int(tc.get("perm", 6)),
-            topic_sys_flag=int(tc.get("topicSysFlag", tc.get("topicSynFlag", 0))),
+            topic_sys_flag=int(tc.get("topicSysFlag", tc.get("topicSynFlag")) or 0),
         ))
     return topics
 

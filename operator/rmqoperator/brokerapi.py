@@ -1,0 +1,82 @@
+"""Client of the brokers' admin HTTP endpoint: ``GET /status``, ``POST /ha/master``, ``POST /role``.
+
+Every call carries the group's bearer token. Timeouts are short for status polls (an
+unreachable broker must not delay the others) and longer for role changes (a promotion may
+truncate a partial record and fsync the epoch file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+STATUS_TIMEOUT = aiohttp.ClientTimeout(total=2.0, sock_connect=1.0)
+CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=15.0, sock_connect=2.0)
+
+
+class AdminError(Exception):
+    """An admin call failed: ``status`` 0 when unreachable, else the HTTP status and the broker's reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+class BrokerAdmin:
+    """One shared HTTP session for all brokers of all groups."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No connection reuse across pods that may change IPs; brokers are few per group.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, url: str, token: str, body: dict[str, Any] | None,
+                    timeout: aiohttp.ClientTimeout) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            async with self.session.request(method, url, json=body, headers=headers, timeout=timeout) as resp:
+                text = await resp.text()
+                try:
+                    obj = json.loads(text) if text else {}
+                except ValueError:
+                    obj = {"error": text[:300]}
+                if resp.status >= 400:
+                    raise AdminError(resp.status, str(obj.get("error", text[:300])))
+                if not isinstance(obj, dict):
+                    raise AdminError(resp.status, "answer is not a JSON object")
+                return obj
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise AdminError(0, f"{type(exc).__name__}: {exc}") from exc
+
+    async def status(self, host: str, port: int, token: str) -> dict[str, Any]:
+        return await self._call("GET", f"http://{host}:{port}/status", token, None, STATUS_TIMEOUT)
+
+    async def repoint(self, host: str, port: int, token: str, ha_address: str, broker_address: str | None,
+                      epoch: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"haAddress": ha_address}
+        if broker_address:
+            body["brokerAddress"] = broker_address
+        if epoch is not None:
+            body["epoch"] = epoch
+        return await self._call("POST", f"http://{host}:{port}/ha/master", token, body, CONTROL_TIMEOUT)
+
+    async def set_role(self, host: str, port: int, token: str, role: str, broker_id: int,
+                       epoch: int) -> dict[str, Any]:
+        return await self._call("POST", f"http://{host}:{port}/role", token,
+                                {"role": role, "brokerId": broker_id, "epoch": epoch}, CONTROL_TIMEOUT)

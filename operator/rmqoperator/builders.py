@@ -1,0 +1,393 @@
+"""Pure builders: a GroupSpec (+ the current role assignment) -> the Kubernetes objects of a group.
+
+Nothing here talks to the API server; every function returns plain dicts, so tests check the
+rendered objects directly.
+
+Children of a BrokerGroup ``<name>``:
+
+* broker StatefulSet ``<name>`` (pods ``<name>-<ordinal>``), updateStrategy OnDelete so the
+  operator decides the restart order; headless Service ``<name>-headless`` for stable DNS;
+  PodDisruptionBudget ``<name>`` (maxUnavailable 1); PVC template ``data``;
+* ConfigMap ``<name>-config`` with ``broker-<ordinal>.conf`` per pod, rendered from the current
+  assignment of brokerIds to pods (brokerId is a runtime property: after a failover the promoted
+  pod has brokerId 0, so a restarted pod comes back in the role it has now);
+* Secret ``<name>-admin-token`` (bearer token of the brokers' admin endpoint);
+* when the nameservers are managed: StatefulSet ``<name>-namesrv``, headless Service
+  ``<name>-namesrv-headless`` and client Service ``<name>-namesrv``, PodDisruptionBudget.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from typing import Any
+
+from rmqbroker.config import env_name
+from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+# ordinal -> brokerId (0 = master)
+Assignment = dict[int, int]
+
+CONF_DIR = "/etc/rmq/conf"
+TOKEN_DIR = "/etc/rmq/admin"
+TOKEN_KEY = "token"
+DATA_DIR = "/data"
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+APPLIED_SPEC_ANNOTATION = f"{GROUP}/applied-spec"
+GROUP_LABEL = f"{GROUP}/group"
+# Set on StatefulSet pods by Kubernetes >= 1.28; the broker picks its broker-<ordinal>.conf with it.
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# The broker reads brokerIP1 from this environment variable (rmqbroker.config.env_name).
+BROKER_IP_ENV = env_name("brokerIP1")
+RUN_AS_USER = 10001
+# Keys of a rendered broker.conf that depend on the role assignment (changed at runtime through
+# the admin API, so they never call for a restart).
+ROLE_KEYS = ("brokerId", "brokerRole", "haMasterAddress")
+
+
+# ---------------------------------------------------------------- names
+def broker_sts_name(spec: GroupSpec) -> str:
+    return spec.name
+
+
+def headless_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-headless"
+
+
+def config_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-config"
+
+
+def token_secret_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-admin-token"
+
+
+def namesrv_sts_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-namesrv"
+
+
+def namesrv_headless_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-namesrv-headless"
+
+
+def namesrv_service_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-namesrv"
+
+
+def pod_name(spec: GroupSpec, ordinal: int) -> str:
+    return f"{broker_sts_name(spec)}-{ordinal}"
+
+
+def pod_ordinal(name: str) -> int | None:
+    head, _, tail = name.rpartition("-")
+    return int(tail) if head and tail.isdigit() else None
+
+
+def pod_dns(spec: GroupSpec, ordinal: int) -> str:
+    """Stable DNS name of a broker pod (through the headless Service)."""
+    return f"{pod_name(spec, ordinal)}.{headless_name(spec)}.{spec.namespace}.svc"
+
+
+def master_ha_dns(spec: GroupSpec, master_ordinal: int) -> str:
+    return f"{pod_dns(spec, master_ordinal)}:{spec.ports.ha}"
+
+
+def namesrv_addr(spec: GroupSpec) -> str:
+    """namesrvAddr: every nameserver pod (a broker registers with each of them)."""
+    if not spec.name_server.managed:
+        return ";".join(spec.name_server.addresses)
+    sts, svc = namesrv_sts_name(spec), namesrv_headless_name(spec)
+    return ";".join(f"{sts}-{i}.{svc}.{spec.namespace}.svc:{spec.ports.name_server}"
+                    for i in range(spec.name_server.replicas))
+
+
+# ---------------------------------------------------------------- metadata
+def labels(spec: GroupSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "rmq-broker" if component == "broker" else "rmq-namesrv",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "rmq-operator",
+        GROUP_LABEL: spec.name,
+    }
+
+
+def selector(spec: GroupSpec, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": component,
+            GROUP_LABEL: spec.name}
+
+
+def owner_reference(spec: GroupSpec) -> Obj:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": spec.name, "uid": spec.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(spec: GroupSpec, name: str, component: str, annotations: dict[str, str] | None = None) -> Obj:
+    meta: Obj = {"name": name, "namespace": spec.namespace, "labels": labels(spec, component),
+                 "ownerReferences": [owner_reference(spec)]}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+# ---------------------------------------------------------------- broker.conf
+def role_for(spec: GroupSpec, broker_id: int) -> str:
+    return spec.master_role if broker_id == 0 else "SLAVE"
+
+
+def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ordinal: int) -> str:
+    """broker.conf of pod ``ordinal`` holding ``broker_id`` while ``master_ordinal`` is the master."""
+    conf: dict[str, str] = {
+        "brokerClusterName": spec.cluster_name,
+        "brokerName": spec.broker_name,
+        "brokerId": str(broker_id),
+        "brokerRole": role_for(spec, broker_id),
+        "flushDiskType": spec.flush_disk_type,
+        "namesrvAddr": namesrv_addr(spec),
+        "listenPort": str(spec.ports.listen),
+        "haListenPort": str(spec.ports.ha),
+        "adminListenPort": str(spec.ports.admin),
+        "adminTokenFile": f"{TOKEN_DIR}/{TOKEN_KEY}",
+        "storePathRootDir": f"{DATA_DIR}/store",
+    }
+    if broker_id != 0 and spec.master_discovery == "Direct":
+        conf["haMasterAddress"] = master_ha_dns(spec, master_ordinal)
+    conf.update(sorted(spec.broker_config.items()))
+    header = (f"# {spec.broker_name} pod {pod_name(spec, ordinal)}: rendered by rmq-operator, do not edit.\n"
+              f"# brokerIP1 comes from ${BROKER_IP_ENV} (the pod IP).\n")
+    return header + "".join(f"{k}={v}\n" for k, v in conf.items())
+
+
+def master_ordinal_of(assignment: Assignment) -> int:
+    return next((o for o, b in assignment.items() if b == 0), 0)
+
+
+def config_map(spec: GroupSpec, assignment: Assignment) -> Obj:
+    master = master_ordinal_of(assignment)
+    data = {f"broker-{o}.conf": render_broker_conf(spec, o, b, master) for o, b in sorted(assignment.items())}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(spec, config_name(spec), "broker", {APPLIED_SPEC_ANNOTATION: spec.to_json()}),
+            "data": data}
+
+
+def admin_secret(spec: GroupSpec, token: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(spec, token_secret_name(spec), "broker"),
+            "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+
+
+# ---------------------------------------------------------------- pods
+def _container_security() -> Obj:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def _pod_security() -> Obj:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _broker_pod_template(spec: GroupSpec) -> Obj:
+    p = spec.ports
+    container: Obj = {
+        "name": "broker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["rmq-broker"],
+        # $(POD_ORDINAL) is expanded by the kubelet: no shell needed in the image.
+        "args": ["-c", f"{CONF_DIR}/broker-$(POD_ORDINAL).conf"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_ORDINAL", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+            {"name": BROKER_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
+        "ports": [
+            {"name": "remoting", "containerPort": p.listen, "protocol": "TCP"},
+            {"name": "ha", "containerPort": p.ha, "protocol": "TCP"},
+            {"name": "admin", "containerPort": p.admin, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 2,
+                           "failureThreshold": 2, "timeoutSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "initialDelaySeconds": 20,
+                          "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 3},
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA_DIR},
+            {"name": "conf", "mountPath": CONF_DIR, "readOnly": True},
+            {"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": _container_security(),
+    }
+    if spec.resources:
+        container["resources"] = spec.resources
+    return {
+        "metadata": {"labels": labels(spec, "broker"), "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)}},
+        "spec": {
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [
+                # The whole ConfigMap as a directory (no subPath): a restarted container reads the
+                # current role assignment once the kubelet has synced the volume.
+                {"name": "conf", "configMap": {"name": config_name(spec)}},
+                {"name": "admin-token", "secret": {"secretName": token_secret_name(spec), "defaultMode": 0o440}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def config_hash(spec: GroupSpec) -> str:
+    """Hash of everything whose change needs a broker restart (the role assignment excluded).
+
+    A pod whose config-hash annotation differs from the StatefulSet template's is outdated; the
+    operator restarts outdated pods one at a time. Replication mode (SYNC/ASYNC) is switched at
+    runtime on the master and is left out too.
+    """
+    static_conf = [line for line in render_broker_conf(spec, 0, 1, 0).splitlines()
+                   if not line.startswith("#") and line.split("=", 1)[0] not in ROLE_KEYS]
+    material = {
+        "image": spec.image, "pullPolicy": spec.image_pull_policy, "resources": spec.resources,
+        "conf": static_conf, "discovery": spec.master_discovery, "restartAt": spec.restart_at,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def broker_statefulset(spec: GroupSpec, replicas: int) -> Obj:
+    pvc_spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": spec.storage_size}}}
+    if spec.storage_class:
+        pvc_spec["storageClassName"] = spec.storage_class
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(spec, broker_sts_name(spec), "broker"),
+        "spec": {
+            "serviceName": headless_name(spec),
+            "replicas": replicas,
+            # Pods start together (a slave waits for its master by itself); OnDelete leaves the
+            # restart order of a changed template to the operator (slaves first, master last).
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+            "selector": {"matchLabels": selector(spec, "broker")},
+            "template": _broker_pod_template(spec),
+            "volumeClaimTemplates": [{
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "labels": selector(spec, "broker")},
+                "spec": pvc_spec,
+            }],
+        },
+    }
+
+
+def broker_headless_service(spec: GroupSpec) -> Obj:
+    p = spec.ports
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, headless_name(spec), "broker"),
+        "spec": {
+            "clusterIP": "None",
+            # Slaves must resolve the master's name before it is Ready (it turns Ready only after
+            # registering, and a SYNC master needs a slave to accept writes).
+            "publishNotReadyAddresses": True,
+            "selector": selector(spec, "broker"),
+            "ports": [{"name": "remoting", "port": p.listen, "targetPort": "remoting", "protocol": "TCP"},
+                      {"name": "ha", "port": p.ha, "targetPort": "ha", "protocol": "TCP"},
+                      {"name": "admin", "port": p.admin, "targetPort": "admin", "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_disruption_budget(spec: GroupSpec, component: str = "broker") -> Obj:
+    name = spec.name if component == "broker" else namesrv_sts_name(spec)
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": _meta(spec, name, component),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(spec, component)}},
+    }
+
+
+# ---------------------------------------------------------------- nameservers
+def namesrv_statefulset(spec: GroupSpec) -> Obj:
+    ns = spec.name_server
+    port = spec.ports.name_server
+    container: Obj = {
+        "name": "namesrv",
+        "image": ns.image or spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["rmq-namesrv"],
+        "args": ["--listen", f"0.0.0.0:{port}"],
+        "ports": [{"name": "namesrv", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": "namesrv"}, "periodSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": "namesrv"}, "initialDelaySeconds": 10, "periodSeconds": 10},
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if ns.resources:
+        container["resources"] = ns.resources
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(spec, namesrv_sts_name(spec), "namesrv"),
+        "spec": {
+            "serviceName": namesrv_headless_name(spec),
+            "replicas": ns.replicas,
+            "podManagementPolicy": "Parallel",
+            # Nameservers are stateless: the StatefulSet controller may roll them itself.
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector(spec, "namesrv")},
+            "template": {
+                "metadata": {"labels": labels(spec, "namesrv")},
+                "spec": {"enableServiceLinks": False, "securityContext": _pod_security(),
+                         "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}]},
+            },
+        },
+    }
+
+
+def namesrv_headless_service(spec: GroupSpec) -> Obj:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, namesrv_headless_name(spec), "namesrv"),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector(spec, "namesrv"),
+                 "ports": [{"name": "namesrv", "port": spec.ports.name_server, "targetPort": "namesrv",
+                            "protocol": "TCP"}]},
+    }
+
+
+def namesrv_client_service(spec: GroupSpec) -> Obj:
+    """For clients (any nameserver answers every route: brokers register with all of them)."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, namesrv_service_name(spec), "namesrv"),
+        "spec": {"type": "ClusterIP", "selector": selector(spec, "namesrv"),
+                 "ports": [{"name": "namesrv", "port": spec.ports.name_server, "targetPort": "namesrv",
+                            "protocol": "TCP"}]},
+    }
+
+
+# ---------------------------------------------------------------- the whole group
+def children(spec: GroupSpec, assignment: Assignment, sts_replicas: int) -> list[Obj]:
+    """Every child except the token Secret, in apply order (what a pod mounts comes first)."""
+    out: list[Obj] = []
+    if spec.name_server.managed:
+        out += [namesrv_headless_service(spec), namesrv_client_service(spec), namesrv_statefulset(spec),
+                pod_disruption_budget(spec, "namesrv")]
+    out += [config_map(spec, assignment), broker_headless_service(spec), broker_statefulset(spec, sts_replicas),
+            pod_disruption_budget(spec, "broker")]
+    return out
+
+
+def child_refs(spec: GroupSpec) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every child the operator may have created, for deletion."""
+    refs = [("apps/v1", "StatefulSet", broker_sts_name(spec)), ("v1", "Service", headless_name(spec)),
+            ("policy/v1", "PodDisruptionBudget", spec.name), ("v1", "ConfigMap", config_name(spec)),
+            ("v1", "Secret", token_secret_name(spec)),
+            ("apps/v1", "StatefulSet", namesrv_sts_name(spec)), ("v1", "Service", namesrv_headless_name(spec)),
+            ("v1", "Service", namesrv_service_name(spec)),
+            ("policy/v1", "PodDisruptionBudget", namesrv_sts_name(spec))]
+    return refs

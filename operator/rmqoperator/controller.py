@@ -1,0 +1,452 @@
+"""Per-group orchestration: applies children, polls brokers, executes failover/alignment/rolling.
+
+One :class:`GroupController` per BrokerGroup, shared by the kopf handlers (create/update/resume:
+:meth:`GroupController.ensure`, delete: :meth:`GroupController.cleanup`) and the polling daemon
+(:meth:`GroupController.tick`). An asyncio lock serializes them, and the controller keeps the
+authoritative copy of the role state in memory (loaded once from ``status``, written back on
+every change) so a tick never acts on a status the watch stream has not delivered yet.
+
+Decisions come from the pure modules (reconcile, failover, rolling, status); Kubernetes calls go
+through :mod:`rmqoperator.k8s`, broker calls through :mod:`rmqoperator.brokerapi`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rmqoperator import builders, metrics
+from rmqoperator.brokerapi import AdminError, BrokerAdmin
+from rmqoperator.failover import (
+    Action,
+    BrokerView,
+    FailoverDecision,
+    MasterMemory,
+    PodView,
+    decide_failover,
+    follows,
+    observe,
+    plan_alignment,
+)
+from rmqoperator.k8s import ApiError, KubeApi
+from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
+from rmqoperator.rolling import RollStep, next_restart
+from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, parse_spec, problems
+from rmqoperator.status import Cond, Health, conditions, merge_conditions, now_iso, phase, replica_rows, summary
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+class TemporaryFailure(Exception):
+    """Reconcile could not finish now (API unreachable...); kopf retries the handler."""
+
+
+def pod_view(pod: Mapping[str, Any], broker: BrokerView | None) -> PodView:
+    meta = pod.get("metadata") or {}
+    st = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    name = str(meta.get("name", ""))
+    return PodView(name=name, ordinal=builders.pod_ordinal(name) or 0, ip=st.get("podIP") or None, ready=ready,
+                   deleting=bool(meta.get("deletionTimestamp")),
+                   config_hash=(meta.get("annotations") or {}).get(builders.CONFIG_HASH_ANNOTATION),
+                   broker=broker)
+
+
+class GroupController:
+    """State and actions of one BrokerGroup."""
+
+    def __init__(self, api: KubeApi, admin: BrokerAdmin, namespace: str, name: str,
+                 poll_interval: float = 1.0) -> None:
+        self.api = api
+        self.admin = admin
+        self.namespace = namespace
+        self.name = name
+        self.poll_interval = poll_interval
+        self.lock = asyncio.Lock()
+        self.state: GroupState | None = None
+        self.spec: GroupSpec | None = None  # last applied (valid) spec
+        self.memory = MasterMemory()
+        self.token: str | None = None
+        self.involved: Obj = {"metadata": {"name": name, "namespace": namespace}}
+        self.invalid: str | None = None
+        self.paused = False
+        self.scale_note: str | None = None
+        self.generation: int | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.failover: FailoverDecision | None = None
+        self.roll: RollStep | None = None
+        self.last_failover: Obj | None = None
+        self.last_status: Obj | None = None
+        self._announced: set[str] = set()  # one-shot events (keys) not to repeat every tick
+        self.planned_restart: str | None = None  # master pod deleted by a rolling restart
+
+    # ------------------------------------------------------------ handlers' entry points
+    def _load(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        self.involved = {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                                      "uid": meta.get("uid")}}
+        if self.state is None:
+            status = body.get("status") or {}
+            self.state = GroupState.from_status(status)
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            self.memory.served_before = ready or self.state.epoch > 0
+            self.last_status = dict(body.get("status") or {}) or None
+            lf = (body.get("status") or {}).get("lastFailover")
+            self.last_failover = dict(lf) if isinstance(lf, Mapping) else None
+
+    async def ensure(self, body: Mapping[str, Any]) -> None:
+        """create/update/resume: validate the spec and create-or-patch every child."""
+        async with self.lock:
+            self._load(body)
+            meta = body.get("metadata") or {}
+            self.generation = meta.get("generation")
+            self.paused = (meta.get("annotations") or {}).get(PAUSED_ANNOTATION) == "true"
+            try:
+                spec = parse_spec(body)
+                found = problems(spec)
+            except SpecError as exc:
+                spec, found = None, [str(exc)]
+            if found:
+                message = "; ".join(found)
+                if self.invalid != message:
+                    await self._event("Warning", "InvalidSpec", f"spec not applied, children left as they are: "
+                                                                f"{message}")
+                self.invalid = message
+                metrics.RECONCILES.labels(self.namespace, self.name, "invalid").inc()
+                # Rows and conditions keep describing what runs: the last applied spec, if any.
+                await self._write_status(self.spec or spec)
+                return
+            assert spec is not None
+            self.invalid = None
+            if self.paused:
+                if "paused" not in self._announced:
+                    await self._event("Normal", "Paused", f"{PAUSED_ANNOTATION} is set: children are not changed")
+                    self._announced.add("paused")
+                await self._write_status(self.spec or spec)
+                return
+            self._announced.discard("paused")
+            try:
+                await self._apply(spec)
+            except ApiError as exc:
+                metrics.RECONCILES.labels(self.namespace, self.name, "error").inc()
+                raise TemporaryFailure(str(exc)) from exc
+            metrics.RECONCILES.labels(self.namespace, self.name, "ok").inc()
+            await self._write_status(spec)
+
+    async def _apply(self, spec: GroupSpec) -> None:
+        assert self.state is not None
+        sts_replicas, note = statefulset_replicas(spec.replicas, self.state)
+        if note and note != self.scale_note:
+            await self._event("Warning", "ScaleDownRefused", note)
+        self.scale_note = note
+        self.state = dataclasses.replace(self.state, assignment=complete_assignment(self.state.assignment,
+                                                                                    sts_replicas))
+        await self._ensure_token(spec)
+        changed = []
+        for obj in builders.children(spec, self.state.assignment, sts_replicas):
+            result = await self.api.apply(obj)
+            if result != "unchanged":
+                changed.append(f"{obj['kind']}/{obj['metadata']['name']} {result}")
+        # Children of a managed nameserver that is now external are removed.
+        if not spec.name_server.managed:
+            for api_version, kind, name in builders.child_refs(spec):
+                if "namesrv" in name and await self.api.delete(api_version, kind, spec.namespace, name):
+                    changed.append(f"{kind}/{name} deleted")
+        if changed:
+            log.info("%s/%s: %s", self.namespace, self.name, ", ".join(changed))
+        self.spec = spec
+
+    async def _ensure_token(self, spec: GroupSpec) -> str:
+        secret = await self.api.ensure_created(builders.admin_secret(spec, secrets.token_hex(24)))
+        raw = (secret.get("data") or {}).get(builders.TOKEN_KEY, "")
+        self.token = base64.b64decode(raw).decode().strip() if raw else ""
+        return self.token
+
+    async def cleanup(self, body: Mapping[str, Any]) -> None:
+        """delete: remove every child (PVCs are kept: the StatefulSet retains claims)."""
+        async with self.lock:
+            self._load(body)
+            try:
+                spec = self.spec or parse_spec(body)
+            except SpecError:
+                spec = dataclasses.replace(GroupSpec(name=self.name, namespace=self.namespace, uid=""))
+            try:
+                for api_version, kind, name in builders.child_refs(spec):
+                    await self.api.delete(api_version, kind, spec.namespace, name)
+                # Pods go with their StatefulSet through garbage collection on a real cluster.
+            except ApiError as exc:
+                raise TemporaryFailure(str(exc)) from exc
+            metrics.forget_group(self.namespace, self.name)
+
+    # ------------------------------------------------------------ polling
+    async def _applied_spec(self) -> GroupSpec | None:
+        """The last applied spec: in memory, else from the ConfigMap (operator restarted)."""
+        if self.spec is not None:
+            return self.spec
+        cm = await self.api.get("v1", "ConfigMap", self.namespace, f"{self.name}-config")
+        text = ((cm or {}).get("metadata", {}).get("annotations") or {}).get(builders.APPLIED_SPEC_ANNOTATION)
+        if text:
+            try:
+                self.spec = GroupSpec.from_json(text)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("%s/%s: unreadable applied spec on the ConfigMap: %s", self.namespace, self.name, exc)
+        return self.spec
+
+    async def _observe(self, spec: GroupSpec) -> dict[str, PodView]:
+        assert self.state is not None
+        pods = await self.api.list_pods(spec.namespace, builders.selector(spec, "broker"))
+        by_name = {str(p["metadata"]["name"]): p for p in pods}
+        wanted = {builders.pod_name(spec, o) for o in self.state.assignment}
+        names = sorted(n for n in by_name if n in wanted)
+        token = self.token or await self._ensure_token(spec)
+
+        async def status_of(pod: Mapping[str, Any]) -> BrokerView | None:
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            try:
+                return BrokerView.from_status(await self.admin.status(ip, spec.ports.admin, token))
+            except (AdminError, ValueError, TypeError) as exc:
+                log.debug("%s: status unavailable: %s", pod["metadata"]["name"], exc)
+                return None
+
+        views = await asyncio.gather(*(status_of(by_name[n]) for n in names))
+        return {n: pod_view(by_name[n], v) for n, v in zip(names, views, strict=True)}
+
+    async def tick(self, body: Mapping[str, Any]) -> None:
+        """One polling round: observe, fail over if needed, align roles, roll, write status."""
+        async with self.lock:
+            self._load(body)
+            spec = await self._applied_spec()
+            if spec is None or self.state is None or not self.state.assignment:
+                return
+            now = time.monotonic()
+            views = await self._observe(spec)
+            observe(self.memory, spec, self.state.master_pod(spec), views, now)
+            decision = decide_failover(spec, self.state, views, self.memory, now)
+            await self._announce_failover(spec, decision)
+            if not self.paused:
+                if decision.action == "promote" and await self._promote(spec, decision, views, now):
+                    views = await self._observe(spec)
+                    now = time.monotonic()
+                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                    decision = FailoverDecision("none", "FailoverCompleted")
+                await self._align(spec, views, now)
+                self._settle_demotions(spec, views)
+                self.roll = await self._roll(spec, views) if decision.action == "none" else None
+            self.failover = decision
+            self.rows = replica_rows(spec, self.state, views)
+            await self._write_status(spec)
+
+    async def _announce_failover(self, spec: GroupSpec, decision: FailoverDecision) -> None:
+        key = f"failover:{decision.reason}"
+        planned = decision.reason == "MasterLost" and self.planned_restart == self.memory.master
+        if decision.action == "none":
+            self.planned_restart = None
+        if decision.action in ("wait", "blocked") and decision.reason != "MasterStarting" and not planned \
+                and key not in self._announced:
+            self._announced = {k for k in self._announced if not k.startswith("failover:")} | {key}
+            await self._event("Warning", decision.reason, decision.message)
+        elif decision.action == "none":
+            self._announced = {k for k in self._announced if not k.startswith("failover:")}
+
+    async def _promote(self, spec: GroupSpec, decision: FailoverDecision, views: Mapping[str, PodView],
+                       now: float) -> bool:
+        assert self.state is not None and decision.candidate is not None
+        cand = views[decision.candidate]
+        old_master = self.state.master_pod(spec)
+        lost_since = self.memory.lost_since if self.memory.lost_since is not None else now
+        assert cand.ip is not None and self.token is not None
+        try:
+            result = await self.admin.set_role(cand.ip, spec.ports.admin, self.token, spec.master_role, 0,
+                                               decision.epoch)
+        except AdminError as exc:
+            metrics.FAILOVERS.labels(self.namespace, self.name, "error").inc()
+            await self._event("Warning", "PromotionFailed", f"POST /role to {cand.name} failed: {exc}")
+            return False
+        took = time.monotonic() - lost_since
+        self.state = self.state.promoted(spec, cand.ordinal, decision.epoch)
+        self.last_failover = {"time": now_iso(), "from": old_master or "", "to": cand.name, "epoch": decision.epoch,
+                              "detectionToPromotionSeconds": round(took, 3)}
+        metrics.FAILOVERS.labels(self.namespace, self.name, "ok").inc()
+        log.warning("%s/%s: promoted %s to %s at epoch %d (offset %s), %.1fs after the master was lost",
+                    self.namespace, self.name, cand.name, spec.master_role, decision.epoch,
+                    result.get("maxPhyOffset"), took)
+        await self._event("Warning", "Promoted",
+                          f"{cand.name} promoted to {spec.master_role} (epoch {decision.epoch}); master {old_master} "
+                          f"was unavailable for {took:.1f}s")
+        # Persist the new assignment before anything else: restarted pods read the ConfigMap and a
+        # restarted operator reads the status.
+        try:
+            await self.api.apply(builders.config_map(spec, self.state.assignment))
+        except ApiError as exc:
+            log.error("%s/%s: ConfigMap not updated after promotion: %s", self.namespace, self.name, exc)
+        self.failover = FailoverDecision("none", "FailoverCompleted")
+        await self._write_status(spec)
+        return True
+
+    async def _align(self, spec: GroupSpec, views: Mapping[str, PodView], now: float) -> None:
+        assert self.state is not None
+        token = self.token or ""
+        failed: set[str] = set()
+        for action in plan_alignment(spec, self.state, views, self.memory, now):
+            if action.pod in failed:
+                continue
+            view = views[action.pod]
+            try:
+                await self._execute(spec, action, view, token)
+            except AdminError as exc:
+                failed.add(action.pod)
+                if action.kind == "repoint":
+                    metrics.REPOINTS.labels(self.namespace, self.name, "error").inc()
+                log.warning("%s/%s: %s %s failed: %s", self.namespace, self.name, action.kind, action.pod, exc)
+            except ApiError as exc:
+                failed.add(action.pod)
+                log.warning("%s/%s: %s %s failed: %s", self.namespace, self.name, action.kind, action.pod, exc)
+
+    async def _execute(self, spec: GroupSpec, action: Action, view: PodView, token: str) -> None:
+        port = spec.ports.admin
+        if action.kind == "delete_pod":
+            await self.api.delete_pod(spec.namespace, action.pod)
+            self.memory.unreachable_since.pop(action.pod, None)
+            metrics.RESTARTS.labels(self.namespace, self.name, "unreachable").inc()
+            await self._event("Warning", "PodDeleted", f"{action.pod} deleted: {action.reason}")
+            return
+        assert view.ip is not None
+        if action.kind in ("set_mode", "demote"):
+            assert action.role is not None and action.broker_id is not None and action.epoch is not None
+            await self.admin.set_role(view.ip, port, token, action.role, action.broker_id, action.epoch)
+            await self._event("Normal", "RoleChanged", f"{action.pod} -> {action.role} brokerId {action.broker_id} "
+                                                       f"({action.reason})")
+        elif action.kind == "repoint":
+            assert action.ha_address is not None
+            await self.admin.repoint(view.ip, port, token, action.ha_address, action.broker_address, action.epoch)
+            metrics.REPOINTS.labels(self.namespace, self.name, "ok").inc()
+            if self.memory.master:
+                self.memory.following[action.pod] = self.memory.master
+            await self._event("Normal", "Repointed", f"{action.pod} now follows master {self.memory.master} at "
+                                                     f"{action.ha_address}")
+
+    def _settle_demotions(self, spec: GroupSpec, views: Mapping[str, PodView]) -> None:
+        assert self.state is not None
+        master = views.get(self.state.master_pod(spec) or "")
+        if master is None:
+            return
+        for pod in self.state.pending_demotion:
+            v = views.get(pod)
+            if v is not None and (follows(spec, v, master) or self.memory.following.get(pod) == master.name):
+                self.state = self.state.demoted(pod)
+
+    async def _roll(self, spec: GroupSpec, views: Mapping[str, PodView]) -> RollStep:
+        assert self.state is not None
+        step = next_restart(views, builders.config_hash(spec), self.state.master_pod(spec),
+                            len(self.state.assignment), self.memory.in_sync)
+        if step.pod is not None:
+            if step.pod == self.state.master_pod(spec):
+                self.planned_restart = step.pod
+            await self.api.delete_pod(spec.namespace, step.pod)
+            metrics.RESTARTS.labels(self.namespace, self.name, "rolling").inc()
+            await self._event("Normal", "RollingRestart", f"restarting {step.pod} for a changed configuration "
+                                                          f"(order: {', '.join(step.pending)})")
+        return step
+
+    # ------------------------------------------------------------ status and events
+    async def _write_status(self, spec: GroupSpec | None) -> None:
+        assert self.state is not None
+        now = now_iso()
+        old = self.last_status or {}
+        status: Obj = {}
+        if self.generation is not None:
+            status["observedGeneration"] = self.generation
+        health = Health(invalid=self.invalid, paused=self.paused, failover=self.failover,
+                        scale_note=self.scale_note, roll_reason=self.roll.reason if self.roll else None,
+                        roll_pending=self.roll.pending if self.roll else ())
+        if spec is not None:
+            status.update(self.state.to_status(spec))
+            conds = conditions(spec, self.state, self.rows, health)
+            status.update(summary(self.rows, self.state.master_pod(spec)))
+            status["replicas"] = self.rows
+            master_row = next((r for r in self.rows if r["pod"] == status.get("master")), None)
+            if master_row and master_row.get("address"):
+                status["masterAddress"] = master_row["address"]
+        else:
+            conds = [Cond("Ready", False, "InvalidSpec", self.invalid or ""),
+                     Cond("Degraded", True, "InvalidSpec", self.invalid or "")]
+        status["conditions"] = merge_conditions(old.get("conditions"), conds, self.generation, now)
+        status["phase"] = phase(conds, health) if spec is not None else "Invalid"
+        if self.last_failover:
+            status["lastFailover"] = self.last_failover
+        if self.roll is not None:
+            status["rolling"] = {"pending": list(self.roll.pending)}
+        # Merge patches merge maps: pods gone from the assignment are removed explicitly.
+        patch = dict(status)
+        if "brokerIds" in status:
+            gone = {k: None for k in (old.get("brokerIds") or {}) if k not in status["brokerIds"]}
+            patch["brokerIds"] = {**status["brokerIds"], **gone}
+        if all(old.get(k) == v for k, v in status.items()) and not any(
+                v is None for v in patch.get("brokerIds", {}).values()):
+            return
+        try:
+            await self.api.patch_group_status(self.namespace, self.name, patch)
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # deleted meanwhile
+            log.warning("%s/%s: status not written: %s", self.namespace, self.name, exc)
+            return
+        self.last_status = status
+        if spec is not None:
+            self._export(status)
+
+    def _export(self, status: Mapping[str, Any]) -> None:
+        ns, name = self.namespace, self.name
+        metrics.MAX_LAG.labels(ns, name).set(status.get("maxLagBytes", 0))
+        metrics.IN_SYNC.labels(ns, name).set(status.get("inSyncReplicas", 0))
+        ready: Mapping[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+        metrics.READY.labels(ns, name).set(1 if ready.get("status") == "True" else 0)
+        metrics.EPOCH.labels(ns, name).set(status.get("epoch", 0))
+
+    async def _event(self, type_: str, reason: str, message: str) -> None:
+        log.info("%s/%s event %s: %s", self.namespace, self.name, reason, message)
+        await self.api.post_event(self.involved, type_, reason, message)
+
+
+class Runtime:
+    """Process-wide operator state kept in kopf's memo: API clients and the group controllers."""
+
+    def __init__(self, poll_interval: float = 1.0) -> None:
+        self.api: KubeApi | None = None
+        self.admin = BrokerAdmin()
+        self.poll_interval = poll_interval
+        self.controllers: dict[tuple[str, str], GroupController] = {}
+
+    def set_credentials(self, info: Any) -> None:
+        if self.api is None:
+            self.api = KubeApi.from_connection_info(info)
+        else:
+            self.api.set_credentials(info)
+
+    def controller(self, namespace: str, name: str) -> GroupController:
+        key = (namespace, name)
+        ctl = self.controllers.get(key)
+        if ctl is None:
+            if self.api is None:
+                raise TemporaryFailure("not logged in to the API server yet")
+            ctl = GroupController(self.api, self.admin, namespace, name, self.poll_interval)
+            self.controllers[key] = ctl
+        return ctl
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.controllers.pop((namespace, name), None)
+
+    async def close(self) -> None:
+        await self.admin.close()
+        if self.api is not None:
+            await self.api.close()

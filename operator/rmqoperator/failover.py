@@ -1,0 +1,292 @@
+"""Pure failover and role-alignment decisions from one round of observations.
+
+Inputs are what the poller saw (:class:`PodView`: the pod object plus the broker's ``GET
+/status``), the persisted :class:`~rmqoperator.reconcile.GroupState` and a small in-memory
+:class:`MasterMemory` (when the master was last healthy, which slaves followed it then).
+Outputs are decisions and admin-API actions; the controller executes them.
+
+Safety rule for SYNC replication (without ``allowDataLoss``): a SYNC_MASTER acknowledges a send
+only once some slave has stored it, so the slave with the highest offset holds every acknowledged
+message -- provided every slave that was following the master is visible now. A failover is
+refused while such a slave cannot be seen, and the candidate must be in the master's epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rmqoperator.builders import Assignment, pod_dns
+from rmqoperator.reconcile import GroupState
+from rmqoperator.spec import GroupSpec
+
+log = logging.getLogger(__name__)
+
+MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
+# A slave following the master within this many bytes counts as in sync. Polls of master and
+# slave are a few milliseconds apart, so a busy but healthy slave shows some lag.
+IN_SYNC_MAX_LAG = 4 * 1024 * 1024
+# An unreachable slave that has not followed the current master is deleted (restarted from the
+# ConfigMap, which names the current master) after this long.
+REPOINT_GRACE_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """The parts of a broker's ``GET /status`` the operator uses."""
+
+    role: str
+    broker_id: int
+    epoch: int
+    max_offset: int
+    ha_master: str | None = None
+    ha_connected: bool = False
+    connected_slaves: int = 0
+    broker_addr: str = ""
+
+    @property
+    def is_master(self) -> bool:
+        return self.role in MASTER_ROLES
+
+    @staticmethod
+    def from_status(obj: Mapping[str, Any]) -> BrokerView:
+        ha = obj.get("ha") or {}
+        return BrokerView(role=str(obj.get("role", "")), broker_id=int(obj.get("brokerId", -1)),
+                          epoch=int(obj.get("epoch") or 0), max_offset=int(obj.get("maxPhyOffset") or 0),
+                          ha_master=ha.get("masterAddress"), ha_connected=bool(ha.get("connected")),
+                          connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")))
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A broker pod as seen in one polling round."""
+
+    name: str
+    ordinal: int
+    ip: str | None
+    ready: bool
+    deleting: bool = False
+    config_hash: str | None = None
+    broker: BrokerView | None = None  # None: admin endpoint unreachable
+
+    @property
+    def reachable(self) -> bool:
+        return self.broker is not None
+
+
+@dataclass
+class MasterMemory:
+    """What the poller remembers between rounds (not persisted: rebuilt after an operator restart)."""
+
+    lost_since: float | None = None
+    seen_healthy: bool = False
+    master: str | None = None
+    master_offset: int = 0
+    following: dict[str, str] = field(default_factory=dict)  # pod -> master it was seen following
+    connected: frozenset[str] = frozenset()  # slaves connected to the master when last seen healthy
+    in_sync: frozenset[str] = frozenset()
+    unreachable_since: dict[str, float] = field(default_factory=dict)
+    master_changed_at: float = 0.0
+    # The group has served before (a Ready status or an epoch > 0 when the operator started): a
+    # master that is down now was lost, not still starting.
+    served_before: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    """One admin-API call (or pod deletion) the controller should make."""
+
+    kind: Literal["promote", "demote", "repoint", "set_mode", "delete_pod"]
+    pod: str
+    role: str | None = None
+    broker_id: int | None = None
+    epoch: int | None = None
+    ha_address: str | None = None
+    broker_address: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FailoverDecision:
+    action: Literal["none", "wait", "promote", "blocked"]
+    reason: str
+    message: str = ""
+    candidate: str | None = None
+    epoch: int = 0
+
+
+def master_healthy(view: PodView | None) -> bool:
+    return view is not None and not view.deleting and view.broker is not None and view.broker.is_master
+
+
+def follow_addresses(spec: GroupSpec, master: PodView) -> set[str]:
+    """HA addresses under which a slave may know the master (pod IP or stable DNS name)."""
+    ha = spec.ports.ha
+    out = {f"{pod_dns(spec, master.ordinal)}:{ha}", f"{pod_dns(spec, master.ordinal)}.cluster.local:{ha}"}
+    if master.ip:
+        out.add(f"{master.ip}:{ha}")
+    return out
+
+
+def follows(spec: GroupSpec, slave: PodView, master: PodView) -> bool:
+    b = slave.broker
+    return b is not None and b.role == "SLAVE" and b.ha_master in follow_addresses(spec, master)
+
+
+def lag_bytes(slave: PodView, master: PodView | None) -> int | None:
+    if slave.broker is None or master is None or master.broker is None:
+        return None
+    return max(0, master.broker.max_offset - slave.broker.max_offset)
+
+
+def in_sync(spec: GroupSpec, slave: PodView, master: PodView | None) -> bool:
+    if master is None or not master_healthy(master) or slave.broker is None:
+        return False
+    lag = lag_bytes(slave, master)
+    return (follows(spec, slave, master) and slave.broker.ha_connected and lag is not None
+            and lag <= IN_SYNC_MAX_LAG and slave.broker.epoch == master.broker.epoch)  # type: ignore[union-attr]
+
+
+def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods: Mapping[str, PodView],
+            now: float) -> None:
+    """Update ``memory`` with one round of observations."""
+    mv = pods.get(master_pod) if master_pod else None
+    if memory.master != master_pod:
+        memory.master = master_pod
+        memory.master_changed_at = now
+        memory.lost_since = None
+        memory.seen_healthy = False
+    for name, p in pods.items():
+        if p.reachable:
+            memory.unreachable_since.pop(name, None)
+        else:
+            memory.unreachable_since.setdefault(name, now)
+    if mv is not None and master_healthy(mv):
+        memory.lost_since = None
+        memory.seen_healthy = True
+        memory.master_offset = mv.broker.max_offset  # type: ignore[union-attr]
+        slaves = [p for n, p in pods.items() if n != master_pod]
+        memory.connected = frozenset(p.name for p in slaves
+                                     if follows(spec, p, mv) and p.broker is not None and p.broker.ha_connected)
+        memory.in_sync = frozenset(p.name for p in slaves if in_sync(spec, p, mv))
+        for p in slaves:
+            if follows(spec, p, mv):
+                memory.following[p.name] = mv.name
+    elif memory.lost_since is None:
+        memory.lost_since = now
+
+
+def _offset(p: PodView) -> int:
+    return p.broker.max_offset if p.broker is not None else -1
+
+
+def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: Mapping[str, PodView],
+                     memory: MasterMemory) -> tuple[str | None, str]:
+    """The slave to promote, or None and why none is safe."""
+    slaves = [p for n, p in pods.items() if n != master_pod and state.broker_id_of(spec, n) is not None]
+    live = [p for p in slaves if p.broker is not None and p.broker.role == "SLAVE" and not p.deleting]
+    if not live:
+        return None, "no reachable slave"
+    strict = spec.replication == "SYNC" and not spec.failover.allow_data_loss
+    if strict:
+        current = [p for p in live if p.broker is not None and p.broker.epoch == state.epoch]
+        if not current:
+            return None, f"no reachable slave is in the master's epoch {state.epoch}"
+        # Every slave that may have acknowledged a send must be visible, else the best one we see
+        # may miss acknowledged messages.
+        could_ack = memory.connected if memory.seen_healthy else frozenset(p.name for p in slaves)
+        hidden = sorted(n for n in could_ack if n not in {p.name for p in live})
+        if hidden:
+            return None, f"slave(s) {', '.join(hidden)} that followed the master cannot be reached"
+        best = max(current, key=lambda p: (_offset(p), -p.ordinal))
+        if memory.seen_healthy and best.name not in memory.in_sync and _offset(best) < memory.master_offset:
+            return None, f"{best.name} (the most advanced slave) was lagging behind the master"
+        return best.name, "highest offset among in-sync slaves"
+    synced = [p for p in live if p.name in memory.in_sync]
+    pool = synced or live
+    best = max(pool, key=lambda p: (p.broker is not None and p.broker.epoch == state.epoch, _offset(p), -p.ordinal))
+    return best.name, "highest offset among in-sync slaves" if synced else "highest offset (no slave was in sync)"
+
+
+def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,
+                    now: float) -> FailoverDecision:
+    master_pod = state.master_pod(spec)
+    if master_pod is None:
+        return FailoverDecision("none", "NoMaster")
+    mv = pods.get(master_pod)
+    if master_healthy(mv):
+        return FailoverDecision("none", "MasterHealthy")
+    if not memory.seen_healthy and not memory.served_before:
+        # A new group whose master pod is still being scheduled or pulling its image.
+        return FailoverDecision("wait", "MasterStarting", f"waiting for master {master_pod} to start")
+    lost_for = now - (memory.lost_since if memory.lost_since is not None else now)
+    if not spec.failover.enabled:
+        return FailoverDecision("blocked", "FailoverDisabled",
+                                f"master {master_pod} unavailable for {lost_for:.0f}s; failover is disabled")
+    if lost_for < spec.failover.master_lost_seconds:
+        return FailoverDecision("wait", "MasterLost",
+                                f"master {master_pod} unavailable for {lost_for:.0f}s "
+                                f"(failover after {spec.failover.master_lost_seconds}s)")
+    candidate, why = choose_candidate(spec, state, master_pod, pods, memory)
+    if candidate is None:
+        return FailoverDecision("blocked", "NoSafeCandidate", f"master {master_pod} lost; not promoting: {why}")
+    seen_epochs = [p.broker.epoch for p in pods.values() if p.broker is not None]
+    epoch = max([state.epoch, *seen_epochs]) + 1
+    return FailoverDecision("promote", "Promoting", f"promoting {candidate} ({why}) at epoch {epoch}",
+                            candidate=candidate, epoch=epoch)
+
+
+def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,
+                   now: float) -> list[Action]:
+    """Admin calls that make every reachable broker match the assignment and follow the master."""
+    master_pod = state.master_pod(spec)
+    mv = pods.get(master_pod) if master_pod else None
+    actions: list[Action] = []
+    if mv is None or not master_healthy(mv):
+        return actions
+    assert mv.broker is not None and mv.ip is not None
+    if mv.broker.role != spec.master_role:
+        actions.append(Action("set_mode", mv.name, role=spec.master_role, broker_id=0, epoch=state.epoch,
+                              reason=f"replication is {spec.replication}"))
+    ha_addr = f"{mv.ip}:{spec.ports.ha}"
+    broker_addr = f"{mv.ip}:{spec.ports.listen}"
+    renudge = False
+    for name, p in sorted(pods.items()):
+        if name == master_pod or p.deleting:
+            continue
+        want_id = state.broker_id_of(spec, name)
+        if want_id is None or want_id == 0:
+            continue
+        b = p.broker
+        if b is None:
+            since = max(memory.unreachable_since.get(name, now), memory.master_changed_at)
+            if (p.ip and memory.following.get(name) != master_pod and now - since >= REPOINT_GRACE_SECONDS):
+                actions.append(Action("delete_pod", name, reason="unreachable and not following the current "
+                                                                 f"master {master_pod}"))
+            continue
+        if b.is_master or b.broker_id != want_id:
+            if b.is_master:
+                renudge = True
+            actions.append(Action("demote", name, role="SLAVE", broker_id=want_id, epoch=state.epoch,
+                                  reason=f"{name} is {b.role} with brokerId {b.broker_id}; "
+                                         f"assigned SLAVE brokerId {want_id}"))
+            actions.append(Action("repoint", name, ha_address=ha_addr, broker_address=broker_addr, epoch=state.epoch,
+                                  reason=f"follow master {master_pod}"))
+        elif not follows(spec, p, mv):
+            actions.append(Action("repoint", name, ha_address=ha_addr, broker_address=broker_addr, epoch=state.epoch,
+                                  reason=f"following {b.ha_master}, master is {master_pod} at {ha_addr}"))
+    if renudge and not any(a.kind == "set_mode" for a in actions):
+        # A returning old master registered as brokerId 0; once demoted it re-registers as a slave
+        # and the nameservers drop brokerId 0 until the real master's next periodic registration.
+        # A same-role POST /role makes the master re-register at once.
+        actions.append(Action("set_mode", mv.name, role=mv.broker.role, broker_id=0, epoch=state.epoch,
+                              reason="re-register as brokerId 0 after demoting a former master"))
+    return actions
+
+
+def assignment_by_pod(spec: GroupSpec, assignment: Assignment) -> dict[str, int]:
+    from rmqoperator.builders import pod_name
+
+    return {pod_name(spec, o): b for o, b in assignment.items()}

@@ -1,0 +1,235 @@
+"""The BrokerGroup spec as a typed value, with the CRD's defaults applied and semantic checks.
+
+The API server applies the CRD's defaults, but the operator may see objects written before a
+default existed (and the test emulator applies none), so :func:`parse_spec` applies the same
+defaults again; a test keeps the two in step. What the schema cannot express (keys the operator
+owns in ``brokerConfig``, values the broker would refuse, names too long for pod labels) is
+checked by :func:`problems` and reported as a condition instead of touching running children.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GROUP = "rmq.brokergroup.dev"
+VERSION = "v1alpha1"
+PLURAL = "brokergroups"
+KIND = "BrokerGroup"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+PAUSED_ANNOTATION = f"{GROUP}/paused"
+RESTART_ANNOTATION = f"{GROUP}/restart-at"
+
+DEFAULT_IMAGE = os.environ.get("RMQ_OPERATOR_DEFAULT_IMAGE", "rmq-brokergroup:0.1.0")
+
+# broker.conf keys the operator renders itself: letting brokerConfig override them would break
+# role assignment, addressing or the admin channel the operator depends on.
+RESERVED_KEYS = frozenset({
+    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress",
+    "brokerIP1", "brokerIP2", "listenHost", "listenPort", "haListenPort", "adminListenPort", "adminToken",
+    "adminTokenFile", "storePathRootDir", "storePathCommitLog",
+})
+
+BROKER_NAME_RE = re.compile(r"^[a-zA-Z0-9_%|-]+$")
+# StatefulSet pods get a controller-revision-hash label "<sts>-<10 chars>" (63 max) and the
+# nameserver StatefulSet is "<name>-namesrv": 40 leaves room for both.
+MAX_NAME_LENGTH = 40
+
+
+class SpecError(ValueError):
+    """The spec cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class FailoverSpec:
+    enabled: bool = True
+    master_lost_seconds: int = 30
+    allow_data_loss: bool = False
+
+
+@dataclass(frozen=True)
+class Ports:
+    listen: int = 10911
+    ha: int = 10912
+    admin: int = 10916
+    name_server: int = 9876
+
+
+@dataclass(frozen=True)
+class NameServerSpec:
+    managed: bool = True
+    replicas: int = 1
+    addresses: tuple[str, ...] = ()
+    image: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One BrokerGroup's desired state (defaults applied)."""
+
+    name: str
+    namespace: str
+    uid: str
+    cluster_name: str = "DefaultCluster"
+    broker_name: str = ""
+    replicas: int = 2
+    replication: str = "ASYNC"
+    flush_disk_type: str = "ASYNC_FLUSH"
+    master_discovery: str = "Direct"
+    name_server: NameServerSpec = field(default_factory=NameServerSpec)
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    resources: dict[str, Any] = field(default_factory=dict)
+    storage_size: str = "10Gi"
+    storage_class: str | None = None
+    ports: Ports = field(default_factory=Ports)
+    broker_config: dict[str, str] = field(default_factory=dict)
+    failover: FailoverSpec = field(default_factory=FailoverSpec)
+    verification: dict[str, Any] = field(default_factory=dict)
+    restart_at: str = ""
+
+    @property
+    def master_role(self) -> str:
+        return "SYNC_MASTER" if self.replication == "SYNC" else "ASYNC_MASTER"
+
+    def to_json(self) -> str:
+        """Stable JSON of the whole spec (stored on the ConfigMap as the last applied spec)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> GroupSpec:
+        obj = json.loads(text)
+        obj["name_server"] = NameServerSpec(**{**obj["name_server"],
+                                               "addresses": tuple(obj["name_server"]["addresses"])})
+        obj["ports"] = Ports(**obj["ports"])
+        obj["failover"] = FailoverSpec(**obj["failover"])
+        return GroupSpec(**obj)
+
+
+def _get(obj: Mapping[str, Any], key: str, typ: type, default: Any, path: str) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return default
+    # bool is an int subclass: refuse `true` where a number is expected.
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise SpecError(f"{path}{key} must be of type {typ.__name__}")
+    return value
+
+
+def _obj(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = obj.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{path}{key} must be an object")
+    return value
+
+
+def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
+    """A BrokerGroup object -> GroupSpec; SpecError when a field has the wrong shape."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec must be an object")
+    name = str(meta.get("name", ""))
+    ns_spec = _obj(spec, "nameServer", "spec.")
+    managed = ns_spec.get("managed")
+    addresses = ns_spec.get("addresses")
+    if managed is not None and addresses is not None:
+        raise SpecError("spec.nameServer: set either managed or addresses, not both")
+    if addresses is not None:
+        if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) for a in addresses):
+            raise SpecError("spec.nameServer.addresses must be a non-empty list of host:port strings")
+        name_server = NameServerSpec(managed=False, replicas=0, addresses=tuple(addresses))
+    else:
+        m = managed if isinstance(managed, Mapping) else {}
+        name_server = NameServerSpec(
+            managed=True, replicas=_get(m, "replicas", int, 1, "spec.nameServer.managed."),
+            image=_get(m, "image", str, None, "spec.nameServer.managed."),
+            resources=dict(_obj(m, "resources", "spec.nameServer.managed.")))
+    ports_obj = _obj(spec, "ports", "spec.")
+    ports = Ports(**{attr: _get(ports_obj, key, int, getattr(Ports, attr), "spec.ports.")
+                     for attr, key in (("listen", "listen"), ("ha", "ha"), ("admin", "admin"),
+                                       ("name_server", "nameServer"))})
+    fo = _obj(spec, "failover", "spec.")
+    failover = FailoverSpec(
+        enabled=_get(fo, "enabled", bool, True, "spec.failover."),
+        master_lost_seconds=_get(fo, "masterLostSeconds", int, 30, "spec.failover."),
+        allow_data_loss=_get(fo, "allowDataLoss", bool, False, "spec.failover."))
+    storage = _obj(spec, "storage", "spec.")
+    broker_config = _obj(spec, "brokerConfig", "spec.")
+    for key, value in broker_config.items():
+        if not isinstance(value, str):
+            raise SpecError(f"spec.brokerConfig.{key} must be a string (quote numbers and booleans)")
+    annotations = meta.get("annotations") or {}
+    return GroupSpec(
+        name=name,
+        namespace=str(meta.get("namespace") or "default"),
+        uid=str(meta.get("uid", "")),
+        cluster_name=_get(spec, "clusterName", str, "DefaultCluster", "spec."),
+        broker_name=_get(spec, "brokerName", str, "", "spec.") or name,
+        replicas=_get(spec, "replicas", int, 2, "spec."),
+        replication=_get(spec, "replication", str, "ASYNC", "spec."),
+        flush_disk_type=_get(spec, "flushDiskType", str, "ASYNC_FLUSH", "spec."),
+        master_discovery=_get(spec, "masterDiscovery", str, "Direct", "spec."),
+        name_server=name_server,
+        image=_get(spec, "image", str, DEFAULT_IMAGE, "spec."),
+        image_pull_policy=_get(spec, "imagePullPolicy", str, "IfNotPresent", "spec."),
+        resources=dict(_obj(spec, "resources", "spec.")),
+        storage_size=_get(storage, "size", str, "10Gi", "spec.storage."),
+        storage_class=_get(storage, "storageClassName", str, None, "spec.storage."),
+        ports=ports,
+        broker_config={str(k): str(v) for k, v in broker_config.items()},
+        failover=failover,
+        verification=dict(_obj(spec, "verification", "spec.")),
+        restart_at=str(annotations.get(RESTART_ANNOTATION, "")),
+    )
+
+
+def problems(spec: GroupSpec) -> list[str]:
+    """What makes a well-formed spec unusable (the schema catches the rest on a real API server)."""
+    out: list[str] = []
+    if len(spec.name) > MAX_NAME_LENGTH:
+        out.append(f"metadata.name must be at most {MAX_NAME_LENGTH} characters")
+    if not BROKER_NAME_RE.match(spec.broker_name):
+        out.append(f"brokerName {spec.broker_name!r} has characters outside [a-zA-Z0-9_%|-] "
+                   "(set spec.brokerName when metadata.name contains dots)")
+    if not 1 <= spec.replicas <= 5:
+        out.append("spec.replicas must be from 1 to 5")
+    if spec.replication not in ("SYNC", "ASYNC"):
+        out.append("spec.replication must be SYNC or ASYNC")
+    if spec.master_discovery not in ("Direct", "NameServer"):
+        out.append("spec.masterDiscovery must be Direct or NameServer")
+    if spec.name_server.managed and not 1 <= spec.name_server.replicas <= 5:
+        out.append("spec.nameServer.managed.replicas must be from 1 to 5")
+    if not spec.failover.master_lost_seconds >= 1:
+        out.append("spec.failover.masterLostSeconds must be at least 1")
+    ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]
+    if len(set(ports)) != len(ports):
+        out.append("spec.ports: listen, ha and admin must differ")
+    reserved = sorted(k for k in spec.broker_config if k in RESERVED_KEYS)
+    if reserved:
+        out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
+    if not reserved:
+        out.extend(_broker_config_problems(spec))
+    return out
+
+
+def _broker_config_problems(spec: GroupSpec) -> list[str]:
+    """Render pod 0's broker.conf and let the broker's own settings parser judge it."""
+    from rmqbroker.config import ConfigError, build_settings
+    from rmqoperator.builders import render_broker_conf
+
+    conf = render_broker_conf(spec, ordinal=0, broker_id=0, master_ordinal=0)
+    try:
+        build_settings(conf, env={})
+    except ConfigError as exc:
+        return [f"spec.brokerConfig: {exc}"]
+    return []

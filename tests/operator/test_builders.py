@@ -1,0 +1,188 @@
+"""Builders: the rendered children for each spec variant (pure functions, no API server)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+import pytest
+
+from rmqbroker.config import build_settings, env_name, parse_properties
+from rmqoperator import builders
+from rmqoperator.reconcile import complete_assignment
+from rmqoperator.spec import GroupSpec, parse_spec, problems
+from tests.operator.conftest import example
+
+
+def spec_of(**fields: Any) -> GroupSpec:
+    doc = example(**fields)
+    doc["metadata"].update(namespace="prod", uid="uid-1")
+    return parse_spec(doc)
+
+
+def by_kind(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("replication", ["SYNC", "ASYNC"])
+@pytest.mark.parametrize("discovery", ["Direct", "NameServer"])
+def test_broker_confs_per_variant(replicas: int, replication: str, discovery: str) -> None:
+    spec = spec_of(replicas=replicas, replication=replication, masterDiscovery=discovery)
+    assert problems(spec) == []
+    cm = builders.config_map(spec, complete_assignment({}, replicas))
+    assert sorted(cm["data"]) == [f"broker-{i}.conf" for i in range(replicas)]
+    for i in range(replicas):
+        text = cm["data"][f"broker-{i}.conf"]
+        conf = parse_properties(text)
+        settings = build_settings(text, env={})  # the broker itself accepts it
+        assert settings.brokerName == "broker-a"
+        assert conf["brokerId"] == str(i)
+        expected_role = ("SYNC_MASTER" if replication == "SYNC" else "ASYNC_MASTER") if i == 0 else "SLAVE"
+        assert conf["brokerRole"] == expected_role
+        if i > 0 and discovery == "Direct":
+            assert conf["haMasterAddress"] == "broker-a-0.broker-a-headless.prod.svc:10912"
+        else:
+            assert "haMasterAddress" not in conf
+        assert conf["namesrvAddr"] == "broker-a-namesrv-0.broker-a-namesrv-headless.prod.svc:9876"
+        assert conf["adminListenPort"] == "10916"
+        assert conf["adminTokenFile"] == "/etc/rmq/admin/token"
+        assert conf["storePathRootDir"] == "/data/store"
+        assert "brokerIP1" not in conf  # from the pod IP, through the environment
+        assert conf["defaultTopicQueueNums"] == "4" and conf["autoCreateTopicEnable"] == "true"
+    sts = builders.broker_statefulset(spec, replicas)
+    assert sts["spec"]["replicas"] == replicas
+
+
+def test_children_with_managed_nameservers() -> None:
+    spec = spec_of(replicas=3, nameServer={"managed": {"replicas": 2}})
+    objs = builders.children(spec, complete_assignment({}, 3), 3)
+    kinds = by_kind(objs)
+    assert set(kinds) == {
+        ("Service", "broker-a-namesrv-headless"), ("Service", "broker-a-namesrv"),
+        ("StatefulSet", "broker-a-namesrv"), ("PodDisruptionBudget", "broker-a-namesrv"),
+        ("ConfigMap", "broker-a-config"), ("Service", "broker-a-headless"), ("StatefulSet", "broker-a"),
+        ("PodDisruptionBudget", "broker-a")}
+    for o in objs:
+        assert o["metadata"]["namespace"] == "prod"
+        assert o["metadata"]["ownerReferences"] == [{
+            "apiVersion": "rmq.brokergroup.dev/v1alpha1", "kind": "BrokerGroup", "name": "broker-a",
+            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+        assert o["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rmq-operator"
+    ns_sts = kinds[("StatefulSet", "broker-a-namesrv")]
+    assert ns_sts["spec"]["replicas"] == 2
+    assert ns_sts["spec"]["template"]["spec"]["containers"][0]["command"] == ["rmq-namesrv"]
+    assert kinds[("Service", "broker-a-namesrv-headless")]["spec"]["clusterIP"] == "None"
+    conf = parse_properties(kinds[("ConfigMap", "broker-a-config")]["data"]["broker-0.conf"])
+    assert conf["namesrvAddr"] == ("broker-a-namesrv-0.broker-a-namesrv-headless.prod.svc:9876;"
+                                   "broker-a-namesrv-1.broker-a-namesrv-headless.prod.svc:9876")
+    for pdb in (kinds[("PodDisruptionBudget", "broker-a")], kinds[("PodDisruptionBudget", "broker-a-namesrv")]):
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_children_with_external_nameservers() -> None:
+    spec = spec_of(nameServer={"addresses": ["10.1.0.5:9876", "ns2.example.com:9876"]})
+    kinds = by_kind(builders.children(spec, complete_assignment({}, 2), 2))
+    assert not [k for k in kinds if "namesrv" in k[1]]
+    conf = parse_properties(kinds[("ConfigMap", "broker-a-config")]["data"]["broker-1.conf"])
+    assert conf["namesrvAddr"] == "10.1.0.5:9876;ns2.example.com:9876"
+
+
+def test_broker_statefulset_pod_template() -> None:
+    spec = spec_of(replicas=3, image="reg/rmq:1.2", resources={"limits": {"memory": "2Gi"}},
+                   storage={"size": "50Gi", "storageClassName": "ssd"})
+    sts = builders.broker_statefulset(spec, 3)
+    s = sts["spec"]
+    assert s["updateStrategy"] == {"type": "OnDelete"}
+    assert s["serviceName"] == "broker-a-headless"
+    assert s["selector"]["matchLabels"].items() <= s["template"]["metadata"]["labels"].items()
+    pvc = s["volumeClaimTemplates"][0]
+    assert pvc["metadata"]["name"] == "data"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi" and pvc["spec"]["storageClassName"] == "ssd"
+    pod = s["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == "reg/rmq:1.2" and c["resources"] == {"limits": {"memory": "2Gi"}}
+    assert c["command"] == ["rmq-broker"] and c["args"] == ["-c", "/etc/rmq/conf/broker-$(POD_ORDINAL).conf"]
+    env = {e["name"]: e for e in c["env"]}
+    assert builders.BROKER_IP_ENV == env_name("brokerIP1") == "RMQ_BROKER_BROKER_IP1"
+    assert env["RMQ_BROKER_BROKER_IP1"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_ORDINAL"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"remoting": 10911, "ha": 10912, "admin": 10916}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["conf"]["configMap"]["name"] == "broker-a-config"
+    assert volumes["admin-token"]["secret"]["secretName"] == "broker-a-admin-token"
+    assert s["template"]["metadata"]["annotations"][builders.CONFIG_HASH_ANNOTATION] == builders.config_hash(spec)
+
+
+def test_services_and_secret() -> None:
+    spec = spec_of()
+    svc = builders.broker_headless_service(spec)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"remoting", "ha", "admin"}
+    secret = builders.admin_secret(spec, "s3cret")
+    assert base64.b64decode(secret["data"]["token"]) == b"s3cret"
+
+
+def test_conf_follows_the_role_assignment_after_a_failover() -> None:
+    spec = spec_of(replicas=3, replication="SYNC")
+    cm = builders.config_map(spec, {0: 1, 1: 0, 2: 2})  # pod 1 was promoted, pod 0 took its id
+    confs = {k: parse_properties(v) for k, v in cm["data"].items()}
+    assert (confs["broker-1.conf"]["brokerId"], confs["broker-1.conf"]["brokerRole"]) == ("0", "SYNC_MASTER")
+    assert "haMasterAddress" not in confs["broker-1.conf"]
+    for k in ("broker-0.conf", "broker-2.conf"):
+        assert confs[k]["brokerRole"] == "SLAVE"
+        assert confs[k]["haMasterAddress"] == "broker-a-1.broker-a-headless.prod.svc:10912"
+    assert confs["broker-0.conf"]["brokerId"] == "1"
+    assert GroupSpec.from_json(cm["metadata"]["annotations"][builders.APPLIED_SPEC_ANNOTATION]) == spec
+
+
+def test_config_hash_tracks_what_needs_a_restart() -> None:
+    base = spec_of(replicas=3)
+    h = builders.config_hash(base)
+    same = [dataclasses.replace(base, replicas=5), dataclasses.replace(base, replication="SYNC"),
+            dataclasses.replace(base, failover=dataclasses.replace(base.failover, master_lost_seconds=5))]
+    for s in same:
+        assert builders.config_hash(s) == h
+    changed = [dataclasses.replace(base, image="other:2"),
+               dataclasses.replace(base, resources={"limits": {"cpu": "1"}}),
+               dataclasses.replace(base, broker_config={**base.broker_config, "maxMessageSize": "1024"}),
+               dataclasses.replace(base, restart_at="2026-11-22T10:00:00Z"),
+               dataclasses.replace(base, master_discovery="NameServer"),
+               dataclasses.replace(base, flush_disk_type="SYNC_FLUSH")]
+    assert len({builders.config_hash(s) for s in changed} | {h}) == len(changed) + 1
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"brokerConfig": {"brokerRole": "SLAVE"}}, "operator-managed keys: brokerRole"),
+    ({"brokerConfig": {"listenPort": "1", "namesrvAddr": "x:1"}}, "listenPort, namesrvAddr"),
+    ({"brokerConfig": {"defaultTopicQueueNums": "many"}}, "defaultTopicQueueNums"),
+    ({"brokerConfig": {"mappedFileSizeConsumeQueue": "7"}}, "multiple of 20"),
+    ({"ports": {"listen": 10911, "ha": 10911}}, "must differ"),
+])
+def test_semantic_problems_are_found(fields: dict[str, Any], message: str) -> None:
+    found = problems(spec_of(**fields))
+    assert found and message in "; ".join(found)
+
+
+def test_dotted_name_needs_a_broker_name() -> None:
+    doc = example()
+    doc["metadata"]["name"] = "broker.a"
+    assert "brokerName" in "; ".join(problems(parse_spec(doc)))
+    doc["spec"]["brokerName"] = "broker-a"
+    assert problems(parse_spec(doc)) == []
+
+
+@pytest.mark.parametrize("managed", [True, False])
+def test_children_validate_against_kubernetes_schemas(managed: bool) -> None:
+    """Strict validation of every rendered child (kubernetes-validate; a dev dependency of the chart tests)."""
+    kv = pytest.importorskip("kubernetes_validate")
+    ns = {"managed": {"replicas": 2}} if managed else {"addresses": ["10.0.0.1:9876"]}
+    spec = spec_of(replicas=3, nameServer=ns, resources={"limits": {"memory": "2Gi", "cpu": 2}},
+                   storage={"size": "5Gi", "storageClassName": "ssd"})
+    spec = dataclasses.replace(spec, uid="0f0f0f0f-aaaa-bbbb-cccc-000000000000")
+    for obj in [*builders.children(spec, complete_assignment({}, 3), 3), builders.admin_secret(spec, "t")]:
+        kv.validate(obj, kv.latest_version(), strict=True)

@@ -1,0 +1,134 @@
+"""The BrokerGroup CRD: accepts the example, rejects invalid specs, agrees with the operator's defaults."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from rmqoperator.spec import GroupSpec, parse_spec
+from tests.operator.conftest import EXAMPLE, example
+from tests.operator.emulator import CRD_PATH
+
+CRD = yaml.safe_load(CRD_PATH.read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """What the API server does with ``default``: fill absent properties, recursively."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    out = dict(value)
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = apply_defaults(sub, out[key])
+    return out
+
+
+def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for key, sub in (schema.get("properties") or {}).items():
+        yield from walk(sub, f"{path}.{key}")
+    if isinstance(schema.get("items"), dict):
+        yield from walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_crd_identity_and_printer_columns() -> None:
+    assert CRD["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert CRD["metadata"]["name"] == "brokergroups.rmq.brokergroup.dev"
+    spec = CRD["spec"]
+    assert (spec["group"], spec["scope"]) == ("rmq.brokergroup.dev", "Namespaced")
+    assert spec["names"]["kind"] == "BrokerGroup" and spec["names"]["plural"] == "brokergroups"
+    assert spec["names"]["shortNames"] == ["bg"]
+    assert VERSION["name"] == "v1alpha1" and VERSION["served"] and VERSION["storage"]
+    assert VERSION["subresources"] == {"status": {}}
+    columns = [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority", 0) == 0]
+    assert columns == ["Ready", "Master", "Replicas", "In-Sync", "Max Lag", "Age"]
+
+
+def test_schema_is_structural() -> None:
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    for path, node in walk(SCHEMA):
+        if node.get("x-kubernetes-int-or-string"):
+            assert node.get("anyOf") == [{"type": "integer"}, {"type": "string"}], path
+            continue
+        assert "type" in node, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "default" in node:
+            jsonschema.validate(node["default"], node)  # a default must satisfy its own schema
+        # value validations inside oneOf/anyOf may not declare types or defaults (structural rule)
+        for branch in node.get("oneOf", []):
+            assert set(branch) <= {"required"}, path
+
+
+def test_example_validates_and_local_runner_reads_it() -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    VALIDATOR.validate(doc)
+    from rmqbroker.local import load_manifest
+
+    local = load_manifest(EXAMPLE)
+    spec = parse_spec(apply_defaults(SCHEMA, doc))
+    assert (local.replicas, local.replication, local.master_discovery) == (
+        spec.replicas, spec.replication, spec.master_discovery)
+
+
+def test_schema_defaults_match_operator_defaults() -> None:
+    bare = {"apiVersion": "rmq.brokergroup.dev/v1alpha1", "kind": "BrokerGroup",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u"}, "spec": {}}
+    defaulted = apply_defaults(SCHEMA, bare)
+    VALIDATOR.validate(defaulted)
+    assert defaulted["spec"]["replicas"] == 2
+    assert defaulted["spec"]["nameServer"] == {"managed": {"replicas": 1}}
+    assert parse_spec(defaulted) == parse_spec(bare)
+    assert parse_spec(bare) == GroupSpec(name="g", namespace="ns", uid="u", broker_name="g")
+
+
+@pytest.mark.parametrize("spec", [
+    {"nameServer": {"addresses": ["10.0.0.1:9876", "ns.example.com:9876"]}},
+    {"replicas": 5, "replication": "ASYNC", "masterDiscovery": "NameServer"},
+    {"resources": {"requests": {"cpu": "500m", "memory": 1073741824}, "limits": {"memory": "2Gi"}}},
+    {"storage": {"size": "1.5Ti", "storageClassName": "fast"}},
+    {"verification": {"schedule": "0 3 * * *", "image": "x:1", "resources": {"limits": {"cpu": 2}}}},
+    {"verification": {"schedule": "@daily"}},
+    {"failover": {"enabled": False, "masterLostSeconds": 3600, "allowDataLoss": True}},
+])
+def test_valid_variants(spec: dict[str, Any]) -> None:
+    VALIDATOR.validate(example(**spec))
+
+
+@pytest.mark.parametrize(("spec", "where"), [
+    ({"replicas": 0}, "replicas"),
+    ({"replicas": 6}, "replicas"),
+    ({"replicas": "3"}, "replicas"),
+    ({"replication": "sync"}, "replication"),
+    ({"flushDiskType": "NEVER"}, "flushDiskType"),
+    ({"masterDiscovery": "DNS"}, "masterDiscovery"),
+    ({"brokerName": "broker.a"}, "brokerName"),
+    ({"clusterName": ""}, "clusterName"),
+    ({"nameServer": {}}, "nameServer"),
+    ({"nameServer": {"managed": {}, "addresses": ["a:1"]}}, "nameServer"),
+    ({"nameServer": {"addresses": []}}, "addresses"),
+    ({"nameServer": {"addresses": ["no-port"]}}, "addresses"),
+    ({"nameServer": {"managed": {"replicas": 9}}}, "replicas"),
+    ({"brokerConfig": {"defaultTopicQueueNums": 4}}, "brokerConfig"),
+    ({"failover": {"masterLostSeconds": 0}}, "masterLostSeconds"),
+    ({"failover": {"enabled": "yes"}}, "enabled"),
+    ({"storage": {"size": "10 GB"}}, "size"),
+    ({"ports": {"admin": 70000}}, "admin"),
+    ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy"),
+    ({"verification": {"schedule": "daily"}}, "schedule"),
+])
+def test_invalid_specs_are_rejected(spec: dict[str, Any], where: str) -> None:
+    errors = list(VALIDATOR.iter_errors(example(**spec)))
+    assert errors, f"{spec} was accepted"
+    assert any(where in "/".join(map(str, e.absolute_path)) or where in e.message for e in errors), errors

@@ -1,0 +1,224 @@
+"""Pure decision logic: role assignment, failover candidate choice, alignment actions, rolling order, status."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rmqoperator.failover import (
+    REPOINT_GRACE_SECONDS,
+    BrokerView,
+    MasterMemory,
+    PodView,
+    decide_failover,
+    observe,
+    plan_alignment,
+)
+from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
+from rmqoperator.rolling import next_restart
+from rmqoperator.spec import FailoverSpec, GroupSpec
+from rmqoperator.status import Health, conditions, merge_conditions, replica_rows, summary
+
+SPEC = GroupSpec(name="g", namespace="ns", uid="u", broker_name="g", replicas=3, replication="SYNC",
+                 failover=FailoverSpec(enabled=True, master_lost_seconds=5))
+STATE = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=3)
+DNS0 = "g-0.g-headless.ns.svc:10912"
+
+
+def master(offset: int = 1000, role: str = "SYNC_MASTER", epoch: int = 3, ip: str = "10.0.0.10",
+           slaves: int = 2, name: str = "g-0", hash_: str = "h") -> PodView:
+    return PodView(name, int(name[-1]), ip, True, config_hash=hash_,
+                   broker=BrokerView(role, 0, epoch, offset, connected_slaves=slaves))
+
+
+def slave(ordinal: int, offset: int = 1000, follows: str | None = DNS0, connected: bool = True, epoch: int = 3,
+          broker_id: int | None = None, ready: bool = True, hash_: str = "h") -> PodView:
+    return PodView(f"g-{ordinal}", ordinal, f"10.0.0.{10 + ordinal}", ready, config_hash=hash_,
+                   broker=BrokerView("SLAVE", ordinal if broker_id is None else broker_id, epoch, offset,
+                                     ha_master=follows, ha_connected=connected))
+
+
+def down(p: PodView) -> PodView:
+    return dataclasses.replace(p, broker=None, ready=False)
+
+
+def healthy_then_lost(spec: GroupSpec, before: dict[str, PodView], after: dict[str, PodView],
+                      lost_for: float) -> Any:
+    mem = MasterMemory()
+    observe(mem, spec, "g-0", before, 100.0)
+    observe(mem, spec, "g-0", after, 101.0)
+    return decide_failover(spec, STATE, after, mem, 101.0 + lost_for), mem
+
+
+def pods(*views: PodView) -> dict[str, PodView]:
+    return {v.name: v for v in views}
+
+
+# ---------------------------------------------------------------- assignment
+def test_assignment_fills_new_ordinals_and_keeps_runtime_ids() -> None:
+    assert complete_assignment({}, 3) == {0: 0, 1: 1, 2: 2}
+    assert complete_assignment({0: 1, 1: 0, 2: 2}, 5) == {0: 1, 1: 0, 2: 2, 3: 3, 4: 4}
+    assert complete_assignment({0: 0, 1: 1, 2: 2}, 2) == {0: 0, 1: 1}
+    assert complete_assignment({0: 2, 1: 1, 2: 0}, 3) == {0: 2, 1: 1, 2: 0}
+
+
+def test_scale_down_never_removes_the_master() -> None:
+    state = GroupState(assignment={0: 1, 1: 2, 2: 0})
+    n, note = statefulset_replicas(1, state)
+    assert n == 3 and note and "ordinal 2" in note
+    assert statefulset_replicas(2, GroupState(assignment={0: 1, 1: 0, 2: 2})) == (2, None)
+
+
+def test_promotion_swaps_ids_and_queues_the_old_master() -> None:
+    after = STATE.promoted(SPEC, 2, 4)
+    assert after.assignment == {0: 2, 1: 1, 2: 0} and after.epoch == 4
+    assert after.pending_demotion == ("g-0",) and after.master_pod(SPEC) == "g-2"
+    assert GroupState.from_status(after.to_status(SPEC)) == after
+    assert after.demoted("g-0").pending_demotion == ()
+
+
+# ---------------------------------------------------------------- failover
+def test_no_failover_while_master_healthy_or_not_yet_lost_long_enough() -> None:
+    before = pods(master(), slave(1), slave(2))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", before, 1.0)
+    assert decide_failover(SPEC, STATE, before, mem, 1.0).action == "none"
+    d, _ = healthy_then_lost(SPEC, before, pods(down(master()), slave(1), slave(2)), lost_for=4.0)
+    assert (d.action, d.reason) == ("wait", "MasterLost")
+
+
+def test_promotes_the_in_sync_slave_with_the_highest_offset() -> None:
+    before = pods(master(2000), slave(1, 1990), slave(2, 2000))
+    d, _ = healthy_then_lost(SPEC, before, pods(down(master()), slave(1, 1990, connected=False),
+                                                slave(2, 2000, connected=False)), lost_for=5.0)
+    assert (d.action, d.candidate, d.epoch) == ("promote", "g-2", 4)
+
+
+def test_sync_refuses_when_a_slave_that_followed_the_master_is_unreachable() -> None:
+    before = pods(master(2000), slave(1, 2000), slave(2, 1500))
+    d, _ = healthy_then_lost(SPEC, before, pods(down(master()), down(slave(1)), slave(2, 1500)), lost_for=6)
+    assert (d.action, d.reason) == ("blocked", "NoSafeCandidate")
+    assert "g-1" in d.message
+
+
+def test_sync_never_promotes_a_lagging_slave_unless_data_loss_is_allowed() -> None:
+    before = pods(master(50_000_000), slave(1, 100, connected=False, follows=None), slave(2, 90))
+    after = pods(down(master()), slave(1, 100, connected=False, follows=None), slave(2, 90))
+    d, _ = healthy_then_lost(SPEC, before, after, lost_for=6)
+    assert d.action == "blocked" and "lagging" in d.message
+    lossy = dataclasses.replace(SPEC, failover=FailoverSpec(True, 5, allow_data_loss=True))
+    d, _ = healthy_then_lost(lossy, before, after, lost_for=6)
+    assert (d.action, d.candidate) == ("promote", "g-1")
+
+
+def test_async_prefers_in_sync_slaves_then_highest_offset() -> None:
+    spec = dataclasses.replace(SPEC, replication="ASYNC")
+    before = pods(master(50_000_000, role="ASYNC_MASTER"), slave(1, 100, follows=None), slave(2, 49_000_000))
+    after = pods(down(master()), slave(1, 100, follows=None), slave(2, 49_000_000))
+    d, _ = healthy_then_lost(spec, before, after, lost_for=6)
+    assert (d.action, d.candidate) == ("promote", "g-2")
+
+
+def test_failover_disabled_and_new_group_starting() -> None:
+    off = dataclasses.replace(SPEC, failover=FailoverSpec(enabled=False))
+    d, _ = healthy_then_lost(off, pods(master(), slave(1)), pods(down(master()), slave(1)), lost_for=100)
+    assert (d.action, d.reason) == ("blocked", "FailoverDisabled")
+    mem = MasterMemory()
+    never = pods(down(master()), slave(1))
+    observe(mem, SPEC, "g-0", never, 0.0)
+    assert decide_failover(SPEC, STATE, never, mem, 1000.0).reason == "MasterStarting"
+    mem.served_before = True  # an operator restarted while the master was down
+    assert decide_failover(SPEC, STATE, never, mem, 1000.0).action in ("promote", "blocked")
+
+
+# ---------------------------------------------------------------- alignment
+def test_returning_old_master_is_demoted_repointed_and_master_re_registers() -> None:
+    state = STATE.promoted(SPEC, 1, 4)  # g-1 is master now, g-0 holds brokerId 1
+    views = pods(master(role="SYNC_MASTER", epoch=3, ip="10.0.0.10", name="g-0"),
+                 PodView("g-1", 1, "10.0.0.11", True, broker=BrokerView("SYNC_MASTER", 0, 4, 5000)),
+                 slave(2, follows="10.0.0.11:10912", epoch=4))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-1", views, 1.0)
+    actions = plan_alignment(SPEC, state, views, mem, 1.0)
+    kinds = [(a.kind, a.pod) for a in actions]
+    assert kinds == [("demote", "g-0"), ("repoint", "g-0"), ("set_mode", "g-1")]
+    demote, repoint = actions[0], actions[1]
+    assert (demote.role, demote.broker_id, demote.epoch) == ("SLAVE", 1, 4)
+    assert (repoint.ha_address, repoint.broker_address) == ("10.0.0.11:10912", "10.0.0.11:10911")
+
+
+def test_repoint_only_slaves_not_following_the_current_master() -> None:
+    views = pods(master(ip="10.0.0.99"), slave(1, follows=DNS0), slave(2, follows="10.0.0.10:10912"))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", views, 1.0)
+    actions = plan_alignment(SPEC, STATE, views, mem, 1.0)
+    assert [(a.kind, a.pod, a.ha_address) for a in actions] == [("repoint", "g-2", "10.0.0.99:10912")]
+
+
+def test_master_mode_follows_spec_replication() -> None:
+    views = pods(master(role="ASYNC_MASTER"), slave(1), slave(2))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", views, 1.0)
+    [action] = plan_alignment(SPEC, STATE, views, mem, 1.0)
+    assert (action.kind, action.role, action.epoch) == ("set_mode", "SYNC_MASTER", 3)
+
+
+def test_unreachable_slave_is_deleted_only_after_the_grace_and_when_not_following() -> None:
+    state = STATE.promoted(SPEC, 1, 4)
+    new_master = PodView("g-1", 1, "10.0.0.11", True, broker=BrokerView("SYNC_MASTER", 0, 4, 5000))
+    views = pods(down(master()), new_master, dataclasses.replace(down(slave(2)), ready=True))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-1", views, 10.0)
+    assert plan_alignment(SPEC, state, views, mem, 10.0 + REPOINT_GRACE_SECONDS - 1) == []
+    actions = plan_alignment(SPEC, state, views, mem, 10.0 + REPOINT_GRACE_SECONDS)
+    assert sorted(a.pod for a in actions if a.kind == "delete_pod") == ["g-0", "g-2"]
+    mem.following["g-2"] = "g-1"  # it did follow the new master before going away: leave it to the kubelet
+    actions = plan_alignment(SPEC, state, views, mem, 10.0 + REPOINT_GRACE_SECONDS)
+    assert [a.pod for a in actions if a.kind == "delete_pod"] == ["g-0"]
+
+
+# ---------------------------------------------------------------- rolling
+def test_rolling_order_slaves_highest_first_master_last_one_at_a_time() -> None:
+    views = pods(master(hash_="old"), slave(1, hash_="old"), slave(2, hash_="old"))
+    in_sync = frozenset({"g-1", "g-2"})
+    step = next_restart(views, "new", "g-0", 3, in_sync)
+    assert (step.pod, step.pending) == ("g-2", ("g-2", "g-1", "g-0"))
+    views["g-2"] = slave(2, hash_="new", ready=False)
+    assert next_restart(views, "new", "g-0", 3, in_sync).reason == "WaitingForReady"
+    views["g-2"] = slave(2, hash_="new")
+    assert next_restart(views, "new", "g-0", 3, frozenset({"g-1"})).reason == "WaitingForCatchUp"
+    assert next_restart(views, "new", "g-0", 3, in_sync).pod == "g-1"
+    views["g-1"] = slave(1, hash_="new")
+    assert next_restart(views, "new", "g-0", 3, in_sync).pod == "g-0"
+    views["g-0"] = master(hash_="new")
+    assert next_restart(views, "new", "g-0", 3, in_sync).reason == "UpToDate"
+    del views["g-1"]
+    views["g-0"] = master(hash_="old")
+    assert next_restart(views, "new", "g-0", 3, in_sync).reason == "WaitingForPod"
+
+
+# ---------------------------------------------------------------- status
+def test_conditions_and_rows() -> None:
+    views = pods(master(2000, ip="10.0.0.10"), slave(1, 2000), slave(2, 1000, connected=False))
+    rows = replica_rows(SPEC, STATE, views)
+    assert [(r["pod"], r["brokerId"], r["role"], r.get("lagBytes"), r["inSync"]) for r in rows] == [
+        ("g-0", 0, "SYNC_MASTER", 0, True), ("g-1", 1, "SLAVE", 0, True), ("g-2", 2, "SLAVE", 1000, False)]
+    assert summary(rows, "g-0") == {"readyReplicas": 3, "inSyncReplicas": 2, "maxLagBytes": 1000}
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert (conds["Ready"].status, conds["Ready"].reason) == (True, "Available")
+    assert (conds["Replicating"].status, conds["Replicating"].reason) == (False, "SlavesLagging")
+    assert conds["Degraded"].status is True and conds["FailingOver"].status is False
+    invalid = {c.type: c for c in conditions(SPEC, STATE, rows, Health(invalid="bad"))}
+    assert (invalid["Ready"].status, invalid["Ready"].reason) == (False, "InvalidSpec")
+
+
+def test_last_transition_time_kept_while_status_unchanged() -> None:
+    from rmqoperator.status import Cond
+
+    first = merge_conditions(None, [Cond("Ready", True, "Available")], 1, "t1")
+    again = merge_conditions([*first, {"type": "ReplicasVerified", "status": "True"}],
+                             [Cond("Ready", True, "Available", "other message")], 2, "t2")
+    assert again[0]["lastTransitionTime"] == "t1" and again[0]["observedGeneration"] == 2
+    assert again[1] == {"type": "ReplicasVerified", "status": "True"}
+    flipped = merge_conditions(again, [Cond("Ready", False, "MasterUnavailable")], 2, "t3")
+    assert flipped[0]["lastTransitionTime"] == "t3"

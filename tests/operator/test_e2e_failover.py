@@ -1,0 +1,142 @@
+"""End to end without a cluster: the real operator, the emulated API, real broker processes as pods.
+
+A SYNC group of three brokers (each its own loopback address) takes sends; the master's process
+is SIGKILLed; the operator promotes the in-sync slave, re-points the other and reports it in the
+status; every send acknowledged before the kill is consumed afterwards with the stock client.
+The old master then comes back with its stale (master) config and is demoted by the operator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.integration.helpers import pull_all, rpc
+from tests.operator.conftest import example
+from tests.operator.emulator import OperatorHarness, condition, wait_for
+from tests.operator.podrunner import PodRunner, ProcessBackend
+
+NAME = "broker-a"
+TOPIC = "E2EFailover"
+MASTER_LOST_SECONDS = 5
+
+
+def send(addr: str, key: str, timeout: float = 5.0) -> int:
+    resp = rpc(addr, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "PG_E2E", "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        "queueId": str(hash(key) % 4), "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+        "properties": f"WAIT\x01true\x02KEYS\x01{key}\x02"}, f"body-{key}".encode(), timeout=timeout)
+    return int(resp.code)
+
+
+class Sender(threading.Thread):
+    """Sends one message after another to one broker; records which were acknowledged."""
+
+    def __init__(self, addr: str) -> None:
+        super().__init__(name="sender", daemon=True)
+        self.addr = addr
+        self.acked: list[str] = []
+        self.failed = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set() and i < 100_000:
+            key = f"m{i}"
+            i += 1
+            try:
+                if send(self.addr, key, timeout=2.0) == ResponseCode.SUCCESS:
+                    self.acked.append(key)
+                else:
+                    self.failed += 1
+            except Exception:
+                self.failed += 1
+                time.sleep(0.05)
+
+
+def group_status(h: OperatorHarness) -> dict[str, Any]:
+    return dict((h.client.group(NAME) or {}).get("status") or {})
+
+
+def converged(h: OperatorHarness, master: str) -> dict[str, Any] | None:
+    g = h.client.group(NAME)
+    st = (g or {}).get("status") or {}
+    ok = (st.get("master") == master and st.get("inSyncReplicas") == 3 and st.get("readyReplicas") == 3
+          and condition(g, "Ready").get("status") == "True" and condition(g, "FailingOver").get("status") == "False")
+    return st if ok else None
+
+
+def test_master_killed_slave_promoted_no_acknowledged_message_lost(
+        harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
+    h, (runner, _) = harness, real_pods
+    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": MASTER_LOST_SECONDS},
+                                 brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
+                                               "mappedFileSizeConsumeQueue": "60000",
+                                               "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
+    st = wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+    old_master_addr = st["masterAddress"]
+
+    sender = Sender(old_master_addr)
+    sender.start()
+    wait_for(lambda: len(sender.acked) >= 100, 30, "100 acknowledged sends")
+    runner.kill("broker-a-0")  # SIGKILL mid-stream
+    t_kill = time.monotonic()
+    sender.stop.set()
+    sender.join(10)
+    acked = set(sender.acked)
+
+    def writable() -> str | None:
+        s = group_status(h)
+        addr = s.get("masterAddress")
+        if s.get("master") in (None, "broker-a-0") or not addr:
+            return None
+        try:
+            return addr if send(addr, "after-failover", timeout=2.0) == ResponseCode.SUCCESS else None
+        except Exception:
+            return None
+
+    new_addr = wait_for(writable, 40, "a writable new master", interval=0.1)
+    kill_to_writable = time.monotonic() - t_kill
+    st = group_status(h)
+    new_master = st["master"]
+    print(f"\nfailover: masterLostSeconds={MASTER_LOST_SECONDS}, kill -> writable {kill_to_writable:.2f}s, "
+          f"operator detection -> promotion {st['lastFailover']['detectionToPromotionSeconds']:.2f}s, "
+          f"{len(acked)} sends acknowledged before the kill")
+    assert kill_to_writable <= 15.0
+    assert new_master in ("broker-a-1", "broker-a-2") and new_addr != old_master_addr
+    assert st["epoch"] == 1 and st["brokerIds"][new_master] == 0 and st["brokerIds"]["broker-a-0"] > 0
+    assert st["lastFailover"]["from"] == "broker-a-0" and st["lastFailover"]["to"] == new_master
+    other = ({"broker-a-1", "broker-a-2"} - {new_master}).pop()
+
+    # The other slave follows the new master; the status and conditions say so.
+    def other_follows() -> dict[str, Any] | None:
+        s = group_status(h)
+        rows = {r["pod"]: r for r in s.get("replicas", [])}
+        return s if rows.get(other, {}).get("inSync") and rows[new_master]["role"] == "SYNC_MASTER" else None
+
+    st = wait_for(other_follows, 20, f"{other} in sync with {new_master}")
+    g = h.client.group(NAME)
+    assert condition(g, "FailingOver")["status"] == "False"
+    assert condition(g, "Ready")["status"] == "True"
+    assert condition(g, "Degraded")["status"] == "True" and "broker-a-0" in condition(g, "Degraded")["message"]
+    assert st["pendingDemotion"] == ["broker-a-0"]
+    reasons = [e["reason"] for e in h.client.events()]
+    assert "Promoted" in reasons and "Repointed" in reasons
+
+    # The old master returns with the config it had (still SYNC_MASTER, epoch 0): demoted and re-pointed.
+    runner.restart("broker-a-0", stale_config=True)
+    st = wait_for(lambda: converged(h, new_master), 40, "old master demoted, 3 in sync")
+    rows = {r["pod"]: r for r in st["replicas"]}
+    assert rows["broker-a-0"]["role"] == "SLAVE" and rows["broker-a-0"]["epoch"] == 1
+    assert st["pendingDemotion"] == []
+    demotions = [e["message"] for e in h.client.events("RoleChanged") if e["message"].startswith("broker-a-0 -> SLAVE")]
+    assert demotions, "the returning master was not demoted through POST /role"
+
+    # Every acknowledged message can be consumed (stock C++ client, through the nameserver).
+    namesrv = f"{runner.ip_of('broker-a-namesrv-0')}:9876"
+    consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group="CG_E2E")}
+    missing = acked - consumed
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost: {sorted(missing)[:10]}"
+    assert "after-failover" in consumed

@@ -1,0 +1,220 @@
+"""The real kopf operator against the emulated API server, with fake broker pods where pods are needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rmqbroker.config import parse_properties
+from rmqoperator.builders import CONFIG_HASH_ANNOTATION
+from tests.operator.conftest import example
+from tests.operator.emulator import GROUP, OperatorHarness, condition, wait_for
+from tests.operator.podrunner import FakeBackend, PodRunner
+
+NAME = "broker-a"
+CHILDREN = [("apps/v1", "statefulsets", "broker-a"), ("apps/v1", "statefulsets", "broker-a-namesrv"),
+            ("v1", "services", "broker-a-headless"), ("v1", "services", "broker-a-namesrv"),
+            ("v1", "services", "broker-a-namesrv-headless"), ("v1", "configmaps", "broker-a-config"),
+            ("v1", "secrets", "broker-a-admin-token"), ("policy/v1", "poddisruptionbudgets", "broker-a"),
+            ("policy/v1", "poddisruptionbudgets", "broker-a-namesrv")]
+
+
+def status(h: OperatorHarness) -> dict[str, Any]:
+    return dict((h.client.group(NAME) or {}).get("status") or {})
+
+
+def confs(h: OperatorHarness) -> dict[str, dict[str, str]]:
+    cm = h.client.get("v1", "configmaps", "broker-a-config") or {}
+    return {k: parse_properties(v) for k, v in (cm.get("data") or {}).items()}
+
+
+def wait_ready(h: OperatorHarness, in_sync: int, timeout: float = 20) -> dict[str, Any]:
+    def ok() -> dict[str, Any] | None:
+        g = h.client.group(NAME)
+        st = (g or {}).get("status") or {}
+        good = (condition(g, "Ready").get("status") == "True" and st.get("inSyncReplicas") == in_sync
+                and st.get("readyReplicas") == in_sync and condition(g, "Degraded").get("status") == "False")
+        return st if good else None
+
+    return wait_for(ok, timeout, f"Ready with {in_sync} in sync")
+
+
+def test_example_creates_every_child_with_roles(harness: OperatorHarness) -> None:
+    h = harness
+    doc = example()  # examples/brokergroup.yaml as is
+    n = int(doc["spec"]["replicas"])
+    master_role = "SYNC_MASTER" if doc["spec"]["replication"] == "SYNC" else "ASYNC_MASTER"
+    h.client.apply_group(doc)
+    for api_version, plural, name in CHILDREN:
+        wait_for(lambda a=api_version, p=plural, n=name: h.client.get(a, p, n), 10,  # type: ignore[misc]
+                 f"{plural}/{name}")
+    group = h.client.group(NAME)
+    assert group is not None
+    assert f"{GROUP}/finalizer" in group["metadata"]["finalizers"]
+    st = wait_for(lambda: status(h).get("observedGeneration") == 1 and status(h), 10, "status")
+    assert st["brokerIds"] == {f"broker-a-{i}": i for i in range(n)}
+    assert st["master"] == "broker-a-0" and st["epoch"] == 0
+    assert condition(h.client.group(NAME), "Ready")["reason"] == "Creating"  # no pods: nothing runs them here
+    c = confs(h)
+    assert sorted(c) == [f"broker-{i}.conf" for i in range(n)]
+    assert c["broker-0.conf"]["brokerRole"] == master_role and "haMasterAddress" not in c["broker-0.conf"]
+    for i in range(1, n):
+        assert c[f"broker-{i}.conf"]["brokerRole"] == "SLAVE"
+        assert c[f"broker-{i}.conf"]["brokerId"] == str(i)
+        if doc["spec"].get("masterDiscovery", "Direct") == "Direct":
+            assert c[f"broker-{i}.conf"]["haMasterAddress"] == "broker-a-0.broker-a-headless.rmq-test.svc:10912"
+    sts = h.client.get("apps/v1", "statefulsets", NAME)
+    assert sts is not None and sts["spec"]["updateStrategy"] == {"type": "OnDelete"} and sts["spec"]["replicas"] == n
+    uid = group["metadata"]["uid"]
+    for api_version, plural, name in CHILDREN:
+        obj = h.client.get(api_version, plural, name)
+        assert obj is not None and obj["metadata"]["ownerReferences"][0]["uid"] == uid
+
+
+def test_three_replicas_roles_ready_and_delete_cleans_up(harness: OperatorHarness,
+                                                         fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h, (runner, _) = harness, fake_pods
+    h.client.apply_group(example(replicas=3))
+    st = wait_ready(h, in_sync=3)
+    c = confs(h)
+    assert [c[f"broker-{i}.conf"]["brokerRole"] for i in range(3)] == ["SYNC_MASTER", "SLAVE", "SLAVE"]
+    for i in (1, 2):
+        assert c[f"broker-{i}.conf"]["haMasterAddress"] == "broker-a-0.broker-a-headless.rmq-test.svc:10912"
+    assert [(r["pod"], r["brokerId"], r["role"], r["inSync"]) for r in st["replicas"]] == [
+        ("broker-a-0", 0, "SYNC_MASTER", True), ("broker-a-1", 1, "SLAVE", True), ("broker-a-2", 2, "SLAVE", True)]
+    assert st["phase"] == "Running" and st["masterAddress"] == f"{runner.ip_of('broker-a-0')}:10911"
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "Ready": "True", "Replicating": "True", "Degraded": "False", "FailingOver": "False"}
+
+    h.client.delete_group(NAME)
+    wait_for(lambda: h.client.group(NAME) is None, 15, "BrokerGroup gone (finalizer released)")
+    for api_version, plural, name in CHILDREN:
+        assert h.client.get(api_version, plural, name) is None, f"{plural}/{name} left behind"
+    wait_for(lambda: not [p for p in h.client.items("v1", "pods") if p["metadata"]["name"].startswith(NAME)], 10,
+             "pods gone with their StatefulSets")
+
+
+def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
+                                                    fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h, (runner, _) = harness, fake_pods
+    h.client.apply_group(example(replicas=3))
+    wait_ready(h, in_sync=3)
+    sts = h.client.get("apps/v1", "statefulsets", NAME)
+    assert sts is not None
+    old_hash = sts["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"spec": {"brokerConfig": {"maxMessageSize": "1048576"}}})
+
+    def rolled() -> bool:
+        pods = {p["metadata"]["name"]: p for p in h.client.items("v1", "pods")
+                if "namesrv" not in p["metadata"]["name"]}
+        hashes = {p["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for p in pods.values()}
+        return len(pods) == 3 and old_hash not in hashes and len(runner.deleted) == 3
+
+    wait_for(rolled, 30, "all three pods restarted with the new config")
+    assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
+    assert confs(h)["broker-1.conf"]["maxMessageSize"] == "1048576"
+    wait_ready(h, in_sync=3)
+    assert len(h.client.events("RollingRestart")) == 3
+
+    # A manual roll: a new restart-at annotation value; replicas only (no restart) for a replicas change.
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": "2026-11-22T10:00:00Z"}}})
+    wait_for(lambda: len(runner.deleted) == 3, 30, "manual roll")
+    assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
+
+
+def test_invalid_specs_reported_without_touching_children(harness: OperatorHarness,
+                                                          fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h, (runner, _) = harness, fake_pods
+    h.client.apply_group(example(replicas=2))
+    wait_ready(h, in_sync=2)
+    before = {n: h.client.get(a, p, n)["metadata"]["resourceVersion"] for a, p, n in CHILDREN}  # type: ignore[index]
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"spec": {"image": "other:2", "brokerConfig": {"brokerRole": "ASYNC_MASTER"}}})
+
+    def reported() -> dict[str, Any] | None:
+        c = condition(h.client.group(NAME), "Ready")
+        return c if c.get("reason") == "InvalidSpec" else None
+
+    cond = wait_for(reported, 10, "InvalidSpec condition")
+    assert "brokerRole" in cond["message"] and cond["status"] == "False"
+    g = h.client.group(NAME)
+    assert g is not None and g["status"]["observedGeneration"] == g["metadata"]["generation"] == 2
+    assert g["status"]["phase"] == "Invalid"
+    assert h.client.events("InvalidSpec")
+    import time
+
+    time.sleep(1.5)  # several polling rounds
+    after = {n: h.client.get(a, p, n)["metadata"]["resourceVersion"] for a, p, n in CHILDREN}  # type: ignore[index]
+    assert after == before and runner.deleted == []
+    # The brokers keep being watched: the replica rows stay current.
+    assert [r["role"] for r in status(h)["replicas"]] == ["SYNC_MASTER", "SLAVE"]
+
+    h.client.patch_group(NAME, {"spec": {"image": None, "brokerConfig": {"brokerRole": None}}})
+    wait_ready(h, in_sync=2)
+
+
+def test_invalid_from_the_start_creates_nothing(harness: OperatorHarness) -> None:
+    h = harness
+    doc = example(brokerConfig={"defaultTopicQueueNums": "many"})
+    h.client.apply_group(doc)
+    cond = wait_for(lambda: condition(h.client.group(NAME), "Ready").get("reason") == "InvalidSpec"
+                    and condition(h.client.group(NAME), "Ready"), 10, "InvalidSpec")
+    assert "defaultTopicQueueNums" in cond["message"]
+    assert h.client.items("apps/v1", "statefulsets") == [] and h.client.items("v1", "configmaps") == []
+
+
+def test_pause_annotation_and_scaling(harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h = harness
+    h.client.apply_group(example(replicas=2))
+    wait_ready(h, in_sync=2)
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/paused": "true"}}})
+    wait_for(lambda: status(h).get("phase") == "Paused", 10, "Paused phase")
+    h.client.patch_group(NAME, {"spec": {"replicas": 4}})
+    import time
+
+    time.sleep(1.0)
+    assert h.client.get("apps/v1", "statefulsets", NAME)["spec"]["replicas"] == 2  # type: ignore[index]
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/paused": None}}})
+    st = wait_ready(h, in_sync=4)
+    assert st["brokerIds"] == {f"broker-a-{i}": i for i in range(4)}
+    assert sorted(confs(h)) == [f"broker-{i}.conf" for i in range(4)]
+    # Scale down removes the highest ordinals (the StatefulSet does) and their conf files.
+    h.client.patch_group(NAME, {"spec": {"replicas": 2}})
+    st = wait_ready(h, in_sync=2)
+    assert st["brokerIds"] == {"broker-a-0": 0, "broker-a-1": 1}
+    assert sorted(confs(h)) == ["broker-0.conf", "broker-1.conf"]
+
+
+def test_failover_repoint_demotion_and_refused_scale_down(harness: OperatorHarness,
+                                                          fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_ready(h, in_sync=3)
+    runner.kill("broker-a-0")
+    st = wait_for(lambda: status(h).get("master") == "broker-a-1" and status(h), 15, "promotion of broker-a-1")
+    assert st["epoch"] == 1 and st["brokerIds"] == {"broker-a-0": 1, "broker-a-1": 0, "broker-a-2": 2}
+    assert fakes.brokers["broker-a-1"].calls[0] == ("role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1})
+    new_ha = f"{runner.ip_of('broker-a-1')}:10912"
+    wait_for(lambda: ("repoint", {"haAddress": new_ha, "brokerAddress": f"{runner.ip_of('broker-a-1')}:10911",
+                                  "epoch": 1}) in fakes.brokers["broker-a-2"].calls, 10, "broker-a-2 re-pointed")
+    c = confs(h)
+    assert c["broker-1.conf"]["brokerRole"] == "SYNC_MASTER" and c["broker-0.conf"]["brokerRole"] == "SLAVE"
+    assert c["broker-0.conf"]["haMasterAddress"] == "broker-a-1.broker-a-headless.rmq-test.svc:10912"
+    assert h.client.events("Promoted")
+    from rmqoperator.metrics import REGISTRY
+
+    labels = {"namespace": "rmq-test", "group": NAME}
+    assert (REGISTRY.get_sample_value("rmq_operator_failovers_total", {**labels, "result": "ok"}) or 0) >= 1
+    assert REGISTRY.get_sample_value("rmq_operator_group_epoch", labels) == 1
+    # The old master comes back as a slave (the kubelet restarts it with the current ConfigMap).
+    runner.restart("broker-a-0")
+    st = wait_ready(h, in_sync=3)
+    assert st["pendingDemotion"] == [] and st["lastFailover"]["to"] == "broker-a-1"
+    # Scale down to 1 would remove the master (ordinal 1): refused, the StatefulSet keeps 2 pods.
+    h.client.patch_group(NAME, {"spec": {"replicas": 1}})
+    cond = wait_for(lambda: condition(h.client.group(NAME), "Degraded").get("reason") == "ScaleDownRefused"
+                    and condition(h.client.group(NAME), "Degraded"), 10, "ScaleDownRefused")
+    assert "ordinal 1" in cond["message"]
+    assert h.client.get("apps/v1", "statefulsets", NAME)["spec"]["replicas"] == 2  # type: ignore[index]
+    assert sorted(confs(h)) == ["broker-0.conf", "broker-1.conf"]
