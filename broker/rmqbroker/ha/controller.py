@@ -166,6 +166,7 @@ class ReplicationController:
                 "connected": self.ha_client.connected if self.ctx.is_slave else False,
                 "listenPort": self.ha.port,
                 "slaves": self.ha.slaves_status(),
+                "replicationLagMs": self.ha.replication_lag_ms(),
                 "truncatedBytes": self.ha_client.truncated_bytes,
             },
             "metadataSync": {

@@ -36,6 +36,10 @@ TRANSFER_HEADER = struct.Struct(">qi")
 # history, answered by one frame with this offset and a JSON body. Java slaves never send it.
 EPOCH_QUERY = -2
 
+# Replication lag tracking: appends awaiting a slave ack (bounded), and recent lag samples kept.
+LAG_TRACK_MAX = 100_000
+LAG_WINDOW = 20_000
+
 # Upper bound of bytes handed to the socket per wake-up: large enough for throughput,
 # small enough that a slow slave doesn't make us buffer much beyond the kernel's socket buffer.
 WRITE_CHUNK = 4 * 1024 * 1024
@@ -206,6 +210,8 @@ class HAService:
         self.epochs = epochs
         self.connections: set[HAConnection] = set()
         self.push_to_slave_max_offset = 0
+        self._pending_acks: collections.deque[tuple[int, float]] = collections.deque()
+        self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self.rejected_reports = 0
         self.group_transfer = GroupTransferService(self)
         self._data = asyncio.Event()
@@ -220,6 +226,11 @@ class HAService:
     def notify_data(self, *_: object) -> None:
         """Arrival listener: new bytes were appended."""
         self._data.set()
+        if self.connections:
+            # Remember when each append ended so the first slave ack covering it gives its lag.
+            pending = self._pending_acks
+            if len(pending) < LAG_TRACK_MAX:
+                pending.append((self.store.max_phy_offset(), time.monotonic()))
 
     async def wait_for_data(self, timeout: float) -> None:
         self._data.clear()
@@ -230,6 +241,22 @@ class HAService:
         if offset > self.push_to_slave_max_offset:
             self.push_to_slave_max_offset = offset
             self.group_transfer.release(offset)
+            pending = self._pending_acks
+            if pending and pending[0][0] <= offset:
+                now = time.monotonic()
+                lags = self.lag_samples
+                while pending and pending[0][0] <= offset:
+                    lags.append(now - pending.popleft()[1])
+
+    def replication_lag_ms(self) -> dict[str, float | int | None]:
+        """Append-to-first-slave-ack time over the recent window (p50/p99/max in ms)."""
+        samples = sorted(self.lag_samples)
+        if not samples:
+            return {"samples": 0, "p50": None, "p99": None, "max": None}
+        n = len(samples)
+        return {"samples": n, "p50": round(samples[n // 2] * 1000, 3),
+                "p99": round(samples[min(n - 1, (n * 99) // 100)] * 1000, 3),
+                "max": round(samples[-1] * 1000, 3)}
 
     def slave_ok(self, master_put_where: int) -> bool:
         live = [c for c in self.connections if not c.closed and c.request_offset >= 0]
