@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,9 +103,12 @@ def dlq_topic(group: str) -> str:
     return DLQ_GROUP_TOPIC_PREFIX + group
 
 
+_VALID_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
+
+
 def is_topic_or_group_illegal(name: str) -> bool:
     """True when ``name`` has a character outside ``^[%|a-zA-Z0-9_-]+$``."""
-    return any(ch not in _VALID_TOPIC_CHARS for ch in name)
+    return _VALID_NAME.fullmatch(name) is None and bool(name)
 
 
 def validate_topic(name: str | None) -> str | None:

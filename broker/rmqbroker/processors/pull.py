@@ -62,7 +62,8 @@ class PullMessageProcessor:
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.PULL_MESSAGE, self.pull)
 
-    async def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+    def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Answered synchronously: a pull never awaits (a parked one is answered later)."""
         return self.process(conn, cmd, allow_suspend=True)
 
     def process(self, conn: Connection, cmd: RemotingCommand, allow_suspend: bool) -> RemotingCommand | None:

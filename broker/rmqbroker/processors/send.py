@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import zlib
+from collections.abc import Awaitable
 
 from rmqbroker.metadata.topics import (
     PERM_READ,
@@ -118,7 +119,12 @@ class SendMessageProcessor:
                                f"topicConfig.readQueueNums:[{tc.read_queue_nums}] producer:[{remote}]")
         return tc
 
-    async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
+
+        Returning the response directly (no coroutine, no task) is what keeps the common
+        ASYNC_FLUSH / ASYNC_MASTER send cheap.
+        """
         ext = normalize_send_v2(cmd.ext_fields) if cmd.code != RequestCode.SEND_MESSAGE else cmd.ext_fields
         h = Header(ext)
         # Decode the whole header before acting on any of it (as Java's decodeCommandCustomHeader does):
@@ -149,17 +155,26 @@ class SendMessageProcessor:
             props[rec.CLUSTER] = self._cluster
             body = bytes(cmd.body)
             born_host = (conn.remote_host, conn.remote_port)
+            store = self.ctx.store
             if is_batch:
                 batch = self._unpack_batch(topic, queue_id, body, sys_flag, props, born_ts, born_host)
-                result = await self.ctx.store.put_messages(batch)
+                result = store.append_messages(batch)
             else:
                 msg = MessageInner(topic=topic, queue_id=queue_id, flag=flag, body=body, properties=props,
                                    sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                                    reconsume_times=reconsume_times)
-                result = await self.ctx.store.put_message(msg)
+                result = store.append_message(msg)
         except SendRejected as exc:
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
+        pending = store.durability_wait(result, props.get(rec.WAIT) != "false")
+        if pending is None:
+            return self._response(cmd, result, queue_id, len(cmd.body))
+        return self._respond_after(pending, cmd, result, queue_id)
+
+    async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
+                             queue_id: int) -> RemotingCommand:
+        await pending
         return self._response(cmd, result, queue_id, len(cmd.body))
 
     def _retry_or_dlq(self, topic: str, queue_id: int, reconsume_times: int, max_reconsume: int, version: int,

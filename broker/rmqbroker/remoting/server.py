@@ -28,7 +28,10 @@ from rmqbroker.remoting.wire import HeaderError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+# A handler answers at once (a command, or None for no answer now) or returns an awaitable that
+# produces the answer; only the latter costs a task.
+Handler = Callable[["Connection", RemotingCommand],
+                   RemotingCommand | Awaitable[RemotingCommand | None] | None]
 LatencyObserver = Callable[[int, float], None]
 
 _conn_ids = itertools.count(1)
@@ -67,6 +70,7 @@ class Connection(asyncio.Protocol):
         self.remote_port = 0
         self.closed = False
         self._buf = bytearray()
+        self._out: list[bytes | bytearray | memoryview] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[Callable[[Connection], None]] = []
 
@@ -155,23 +159,37 @@ class Connection(asyncio.Protocol):
                     ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                     f" request type {cmd.code} not supported"))
             return
-        task = asyncio.get_running_loop().create_task(self._run(handler, cmd))
+        started = time.perf_counter()
+        try:
+            result = handler(self, cmd)
+        except Exception as exc:
+            self._finish(cmd, self._error_response(cmd, exc), started)
+            return
+        if result is None or isinstance(result, RemotingCommand):
+            self._finish(cmd, result, started)
+            return
+        task = asyncio.get_running_loop().create_task(self._run(result, cmd, started))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, handler: Handler, cmd: RemotingCommand) -> None:
-        started = time.perf_counter()
+    async def _run(self, pending: Awaitable[RemotingCommand | None], cmd: RemotingCommand, started: float) -> None:
         try:
-            response = await handler(self, cmd)
-        except HeaderError as exc:
-            self.server.stats.header_errors += 1
-            response = cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+            response = await pending
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.server.stats.handler_errors += 1
-            log.exception("request code %d from %s failed", cmd.code, self.remote_addr)
-            response = cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            response = self._error_response(cmd, exc)
+        self._finish(cmd, response, started)
+
+    def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
+        if isinstance(exc, HeaderError):
+            self.server.stats.header_errors += 1
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        self.server.stats.handler_errors += 1
+        log.error("request code %d from %s failed", cmd.code, self.remote_addr, exc_info=exc)
+        return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _finish(self, cmd: RemotingCommand, response: RemotingCommand | None, started: float) -> None:
         observer = self.server.latency_observer
         if observer is not None:
             observer(cmd.code, time.perf_counter() - started)
@@ -180,18 +198,37 @@ class Connection(asyncio.Protocol):
 
     # -- output --
     def send_response(self, cmd: RemotingCommand) -> None:
-        """Write a command (a response, or a server-initiated request) unless closed."""
+        """Queue a command (a response, or a server-initiated request) unless closed.
+
+        Everything queued during one pass of the event loop goes out in one write: pipelined
+        requests cost one syscall per burst instead of one per response.
+        """
         transport = self.transport
         if transport is None or self.closed or transport.is_closing():
             return
         head = encode_header(cmd)
+        out = self._out
+        out.append(head)
+        n = len(head)
         body = cmd.body
         if body:
-            transport.writelines((head, body))
-            self.server.stats.bytes_out += len(head) + len(body)
-        else:
-            transport.write(head)
-            self.server.stats.bytes_out += len(head)
+            out.append(body)
+            n += len(body)
+        self.server.stats.bytes_out += n
+        if len(out) <= 2:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if len(out) == 1:
+                transport.write(out[0])
+            else:
+                transport.writelines(out)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY

@@ -14,8 +14,9 @@ import fcntl
 import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
@@ -682,6 +683,17 @@ class MessageStore:
         if result.status is PutMessageStatus.PUT_OK:
             await self._await_durability(result, batch.properties.get(WAIT) != "false")
         return result
+
+    def durability_wait(self, result: PutResult, wait: bool) -> Coroutine[Any, Any, None] | None:
+        """What a stored put still has to wait for (SYNC_FLUSH, replication), or None.
+
+        Lets a caller answer an ASYNC_FLUSH / ASYNC_MASTER put without scheduling anything.
+        """
+        if result.status is not _PUT_OK:
+            return None
+        if self.config.sync_flush or (wait and self.replication_hook is not None):
+            return self._await_durability(result, wait)
+        return None
 
     async def _await_durability(self, result: PutResult, wait: bool) -> None:
         hook = self.replication_hook if wait else None
