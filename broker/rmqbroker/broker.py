@@ -102,8 +102,7 @@ class Broker:
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
         self.registry, self._latency = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels)
-        self._latency_children: dict[int, Any] = {}
-        self.server.latency_observer = self._observe_latency
+        self.server.latency_observer = self._latency.observe
         self.admin: AdminServer | None = None
         if settings.adminListenPort:
             self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=settings.admin_token(),
@@ -116,13 +115,6 @@ class Broker:
             self.admin.add_route("GET", "/metadata", self._http_metadata)
 
     # -- metrics/status --
-    def _observe_latency(self, code: int, seconds: float) -> None:
-        child = self._latency_children.get(code)
-        if child is None:
-            child = self._latency.labels(str(code))
-            self._latency_children[code] = child
-        child.observe(seconds)
-
     def _gauges(self) -> dict[str, float]:
         return {
             "commitlog_max_offset": self.store.max_phy_offset(),

@@ -46,8 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--master", default=None,
                    help="Spark master (default local[*]; under spark-submit the submitted master)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark settings")
-    p.add_argument("--chunk-size", type=parse_size, default=32 << 20, metavar="SIZE",
-                   help="commitlog bytes per task, e.g. 64M or 512K (default 32M)")
+    p.add_argument("--chunk-size", type=parse_size, default=64 << 20, metavar="SIZE",
+                   help="commitlog bytes per task, e.g. 32M or 512K (default 64M)")
     p.add_argument("--no-consume-queues", action="store_true", help="skip the consume-queue checks")
     p.add_argument("--no-metadata", action="store_true", help="skip the metadata checks")
     p.add_argument("--max-mismatches", type=int, default=1000, help="findings kept per replica (all are counted)")

@@ -52,7 +52,7 @@ MIN_CHUNK = 1 << 20
 class VerifyOptions:
     replicas: list[str]
     token: str = ""
-    chunk_size: int = 32 << 20
+    chunk_size: int = 64 << 20
     # Spark parallelism the plan aims at: at least this many chunks (x4) when the log is small.
     parallelism: int = 2
     check_consume_queues: bool = True
