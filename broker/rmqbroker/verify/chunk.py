@@ -33,6 +33,11 @@ offset P with size S needs unit ``queueOffset`` of that queue to be ``(P, S, tag
 task reads exactly those logical ranges of every queue from each replica; units in the range
 that belong to no record of the chunk are reported as dangling when they point inside the chunk
 and handed to the driver otherwise.  Logical ranges no chunk covered are checked by the driver.
+
+I/O overlap
+-----------
+The slaves' bytes and every replica's unit ranges are requested from a small thread pool while
+the task's own thread decodes, so a task does not leave its core idle while brokers answer.
 """
 
 from __future__ import annotations
