@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> None:
             log.error("cannot start: %s", exc)
             await broker.store.shutdown()
             raise SystemExit(1) from exc
+        # Start-up objects live as long as the process: keep them out of every later GC pass,
+        # which shortens the collector's pauses (and so the latency tail) for good.
+        gc.collect()
+        gc.freeze()
         admin = f", admin http://{settings.listenHost}:{broker.admin.port}" if broker.admin else ""
         print(f"rmq-broker {settings.brokerName} ({settings.brokerRole}) listening on "
               f"{settings.broker_addr}{admin}", flush=True)

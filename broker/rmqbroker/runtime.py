@@ -72,6 +72,10 @@ class Supervisor:
 def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
     """Run ``main(stop_event)`` on uvloop when available; SIGTERM/SIGINT set the event."""
 
+    # Worker threads (fsync, metadata persistence, HA writes) hold the GIL in slices; a shorter
+    # slice bounds how long the event loop waits for it, i.e. the tail of request latency.
+    sys.setswitchinterval(0.001)
+
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -34,6 +34,7 @@ MAX_EPOCH_ANSWER = 1 << 20
 RECV_BUFFER = 2 * 1024 * 1024
 RING_BUFFERS = 4
 WRITE_BATCH = 1024 * 1024
+INLINE_WRITE_MAX = 64 * 1024
 _IOV_MAX = 512
 REPORT_EVERY = 0.001
 # Consume-queue dispatch pacing: while the stream flows, BUSY_DISPATCH_SLICE every
@@ -120,6 +121,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self.batch_bytes = 0
         self.batch_end = 0
         self.inflight = 0
+        self.inline_appended = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -167,12 +169,16 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self.last_read = time.monotonic()
         b = self.ring[self.cur]
         b.end += nbytes
+        self.inline_appended = False
         try:
             self._consume(b)
         except (StreamMismatchError, StoreError) as exc:
             self.fail(exc)
             return
         self._submit()
+        if self.inline_appended and not self.inflight:
+            self.last_report = self.last_read
+            self.report()
         if b.end == len(b.data) and self.ring[(self.cur + 1) % len(self.ring)].pending and not self.paused:
             # Every buffer is in flight: let the writer catch up before reading more.
             self.paused = True
@@ -219,6 +225,14 @@ class _StreamProtocol(asyncio.BufferedProtocol):
             self.body_left = size
 
     def _write(self, b: _RecvBuffer, offset: int, chunk: memoryview) -> None:
+        if not self.inflight and not self.batch and len(chunk) <= INLINE_WRITE_MAX:
+            # Tailing a live master: small pieces are copied in place at once; a thread hand-off
+            # would only add latency to the ack that SYNC_MASTER sends wait for.
+            self.client.store.append_raw(offset, chunk, dispatch=False)
+            self.client.reserved_end = offset + len(chunk)
+            self.client.appended_inline(len(chunk))
+            self.inline_appended = True
+            return
         pos = 0
         for mf, rel, k in self.client.store.reserve_raw(offset, len(chunk)):
             self.batch.append((mf.fd, chunk[pos:pos + k], rel))
@@ -316,6 +330,11 @@ class HAClient:
         current = self.reserved_end if self.reserved_end >= 0 else self.store.max_phy_offset()
         if current not in (0, offset):
             raise StreamMismatchError(f"master sent offset {offset}, this log ends at {current}")
+
+    def appended_inline(self, n: int) -> None:
+        self.bytes_received += n
+        self.last_append = time.monotonic()
+        self._appended.set()
 
     def committed(self, end: int) -> None:
         """Writer thread finished bytes up to ``end``: visible in the store from now on."""
