@@ -191,14 +191,22 @@ class GroupTransferService:
             return PutMessageStatus.SLAVE_NOT_AVAILABLE
         if svc.push_to_slave_max_offset >= end_offset:
             return PutMessageStatus.PUT_OK
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         # Appends are ordered, so the deque stays sorted by end offset.
         self._waiters.append((end_offset, fut))
+        # A timer handle rather than asyncio.wait_for, which would cost a task per send.
+        timer = loop.call_later(svc.config.sync_timeout, _expire, fut)
         try:
-            await asyncio.wait_for(fut, svc.config.sync_timeout)
-            return PutMessageStatus.PUT_OK
-        except TimeoutError:
-            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+            ok = await fut
+        finally:
+            timer.cancel()
+        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
 
 
 class HAService:
