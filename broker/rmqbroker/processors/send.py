@@ -58,6 +58,13 @@ _PUT_STATUS: dict[PutMessageStatus, tuple[int, str | None, bool]] = {
 }
 
 
+# Bound of SendMessageProcessor._sendable_names.
+_SENDABLE_NAMES_MAX = 4096
+
+# The constant members of every send response's extFields, as JSON (see _response).
+_RESPONSE_EXT_CONST = f',"{wire.MSG_REGION}":"{MSG_REGION_DEFAULT}","{wire.TRACE_ON}":"true"'
+
+
 class SendRejected(Exception):
     """A send refused before it reached the store."""
 
@@ -65,6 +72,41 @@ class SendRejected(Exception):
         super().__init__(remark)
         self.code = code
         self.remark = remark
+
+
+_SendHeader = tuple[str, int, int, str, int, int, int, int, int, str | None, str]
+
+
+def _send_header_checked(ext: dict[str, str]) -> _SendHeader:
+    """The send header through :class:`Header`: a missing or malformed field raises HeaderError
+    naming the V1 field, as Java's decodeCommandCustomHeader does."""
+    h = Header(ext)
+    return (h.req_str(wire.TOPIC), h.req_int(wire.QUEUE_ID), h.req_int(wire.SYS_FLAG),
+            h.req_str(wire.DEFAULT_TOPIC), h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS),
+            h.req_int(wire.BORN_TIMESTAMP), h.req_int(wire.FLAG), h.opt_int(wire.RECONSUME_TIMES, 0),
+            h.opt_int(wire.MAX_RECONSUME_TIMES, -1), h.opt_str(wire.BATCH), h.opt_str(wire.PROPERTIES) or "")
+
+
+def _send_header(cmd: RemotingCommand) -> _SendHeader:
+    """``(topic, queueId, sysFlag, defaultTopic, defaultTopicQueueNums, bornTimestamp, flag,
+    reconsumeTimes, maxReconsumeTimes, batch, properties)`` of a send request.
+
+    SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE letters are read directly (no renamed copy of the header,
+    no Header object: about 4 µs less per message). Anything missing or malformed falls back to
+    the validating V1 path, which gives the same values or the HeaderError remark.
+    """
+    ext = cmd.ext_fields
+    if cmd.code == RequestCode.SEND_MESSAGE:
+        return _send_header_checked(ext)
+    try:
+        # Same semantics as Header: int() of the string; optional ints default when absent or "".
+        recon = ext.get("j")
+        max_recon = ext.get("l")
+        return (ext["b"], int(ext["e"]), int(ext["f"]), ext["c"], int(ext["d"]), int(ext["g"]), int(ext["h"]),
+                int(recon) if recon else 0, int(max_recon) if max_recon else -1, ext.get("m"),
+                ext.get("i") or "")
+    except (KeyError, ValueError):
+        return _send_header_checked(normalize_send_v2(ext))
 
 
 def _ip_bytes(host: str) -> bytes:
@@ -79,6 +121,11 @@ class SendMessageProcessor:
         settings = ctx.settings
         self._store_host = (settings.host_ip, settings.listenPort)
         self._cluster = settings.brokerClusterName
+        # Topic names that passed the (pure, name-only) validity and not-allowed checks: the regex
+        # check per message showed up at 1.5 % of the broker's CPU.
+        self._sendable_names: set[str] = set()
+        # Appended to a producer's properties string that can be stored as it is (see send).
+        self._cluster_suffix = f"{rec.PROPERTY_SEPARATOR}{rec.CLUSTER}{rec.NAME_VALUE_SEPARATOR}{self._cluster}"
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.SEND_MESSAGE, self.send)
@@ -96,11 +143,15 @@ class SendMessageProcessor:
         if not ctx.settings.brokerPermission & PERM_WRITE:
             raise SendRejected(ResponseCode.NO_PERMISSION,
                                f"the broker[{ctx.settings.host_ip}] sending message is forbidden")
-        problem = validate_topic(topic)
-        if problem is not None:
-            raise SendRejected(ResponseCode.SYSTEM_ERROR, problem)
-        if is_not_allowed_send_topic(topic):
-            raise SendRejected(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        if topic not in self._sendable_names:
+            problem = validate_topic(topic)
+            if problem is not None:
+                raise SendRejected(ResponseCode.SYSTEM_ERROR, problem)
+            if is_not_allowed_send_topic(topic):
+                raise SendRejected(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+            if len(self._sendable_names) >= _SENDABLE_NAMES_MAX:
+                self._sendable_names.clear()  # bound the memory a stream of distinct names can take
+            self._sendable_names.add(topic)
         tc = ctx.topics.select(topic)
         if tc is None:
             if topic.startswith(RETRY_PREFIX):
@@ -125,31 +176,31 @@ class SendMessageProcessor:
         Returning the response directly (no coroutine, no task) is what keeps the common
         ASYNC_FLUSH / ASYNC_MASTER send cheap.
         """
-        ext = normalize_send_v2(cmd.ext_fields) if cmd.code != RequestCode.SEND_MESSAGE else cmd.ext_fields
-        h = Header(ext)
         # Decode the whole header before acting on any of it (as Java's decodeCommandCustomHeader does):
         # a missing or malformed field must not leave side effects such as an auto-created topic.
-        topic = h.req_str(wire.TOPIC)
-        queue_id = h.req_int(wire.QUEUE_ID)
-        sys_flag = h.req_int(wire.SYS_FLAG)
-        default_topic = h.req_str(wire.DEFAULT_TOPIC)
-        default_queue_nums = h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS)
-        born_ts = h.req_int(wire.BORN_TIMESTAMP)
-        flag = h.req_int(wire.FLAG)
-        reconsume_times = h.opt_int(wire.RECONSUME_TIMES, 0)
-        max_reconsume_times = h.opt_int(wire.MAX_RECONSUME_TIMES, -1)
+        (topic, queue_id, sys_flag, default_topic, default_queue_nums, born_ts, flag, reconsume_times,
+         max_reconsume_times, batch_raw, props_raw) = _send_header(cmd)
         # The C++ client marks batches with "1", which Java's parseBoolean reads as false (storing the
         # whole batch as one message, rocketmq-client-cpp #189); unpacking is what its users expect.
-        batch_raw = (h.opt_str(wire.BATCH) or "").lower()
-        is_batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or batch_raw in ("true", "1")
+        is_batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or (
+            batch_raw is not None and batch_raw.lower() in ("true", "1"))
         try:
             tc = self._check(topic, queue_id, default_topic, default_queue_nums, sys_flag, conn.remote_addr)
             if queue_id < 0:
                 queue_id = random.randrange(max(tc.write_queue_nums, 1))
-            props = rec.decode_properties(h.opt_str(wire.PROPERTIES) or "")
+            props = rec.decode_properties(props_raw)
+            # The stored properties are encode_properties(props + CLUSTER). When the producer's
+            # string already is what re-encoding would give (every segment kept, no duplicate
+            # names; Java and C++ clients add one trailing separator) and has no CLUSTER, that is
+            # the string plus CLUSTER appended: store it as it is instead of encoding the dict.
+            props_string: str | None = None
+            body_str = props_raw[:-1] if props_raw.endswith(rec.PROPERTY_SEPARATOR) else props_raw
+            if len(props) == body_str.count(rec.PROPERTY_SEPARATOR) + 1 and rec.CLUSTER not in props:
+                props_string = f"{body_str}{self._cluster_suffix}"
             if topic.startswith(RETRY_PREFIX) and not is_batch:
                 topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times, max_reconsume_times,
                                                      cmd.version, props)
+                props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
             if tc.topic_filter_type == "MULTI_TAG":
                 sys_flag |= rec.MULTI_TAGS
             props[rec.CLUSTER] = self._cluster
@@ -160,9 +211,10 @@ class SendMessageProcessor:
                 batch = self._unpack_batch(topic, queue_id, body, sys_flag, props, born_ts, born_host)
                 result = store.append_messages(batch)
             else:
-                msg = MessageInner(topic=topic, queue_id=queue_id, flag=flag, body=body, properties=props,
-                                   sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
-                                   reconsume_times=reconsume_times)
+                # Positional (in field order: ..., tags_code, store_host, prepared_transaction_offset,
+                # properties_string): once per message, and cheaper than keywords.
+                msg = MessageInner(topic, queue_id, flag, body, props, sys_flag, born_ts, born_host,
+                                   reconsume_times, None, None, 0, props_string)
                 result = store.append_message(msg)
         except SendRejected as exc:
             self.ctx.stats.rejected(exc.code)
@@ -223,13 +275,22 @@ class SendMessageProcessor:
         stats = self.ctx.stats
         stats.msgs_in += result.msg_num
         stats.bytes_in += nbytes
-        return cmd.make_response(code, remark, ext_fields={
-            wire.MSG_ID: result.msg_id,
-            wire.QUEUE_ID: str(queue_id),
-            wire.QUEUE_OFFSET: str(result.queue_offset),
+        msg_id = result.msg_id
+        queue_id_s = str(queue_id)
+        queue_offset_s = str(result.queue_offset)
+        resp = cmd.make_response(code, remark, ext_fields={
+            wire.MSG_ID: msg_id,
+            wire.QUEUE_ID: queue_id_s,
+            wire.QUEUE_OFFSET: queue_offset_s,
             wire.MSG_REGION: MSG_REGION_DEFAULT,
             wire.TRACE_ON: "true",
         })
+        # The same members pre-encoded for the JSON header (the frame encoder would escape each of
+        # the ten strings): message ids are hex (comma-joined for a batch) and the rest are
+        # integers or constants, so nothing needs escaping.
+        resp.ext_json = (f'"msgId":"{msg_id}","queueId":"{queue_id_s}","queueOffset":"{queue_offset_s}"'
+                         f"{_RESPONSE_EXT_CONST}")
+        return resp
 
     # -- CONSUMER_SEND_MSG_BACK --
     async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

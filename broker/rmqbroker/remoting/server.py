@@ -21,7 +21,7 @@ from rmqbroker.remoting.frame import (
     MAX_FRAME_BYTES,
     FrameError,
     RemotingCommand,
-    decode_frame_payload,
+    decode_frame,
     encode_header,
 )
 from rmqbroker.remoting.wire import HeaderError
@@ -107,36 +107,40 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.server.stats.bytes_in += len(data)
         buf = self._buf
-        buf += data
+        if buf:
+            # Continue a frame that straddled reads. Frames are parsed from immutable bytes (no
+            # views of the mutable buffer to create and release per frame), so the buffer is
+            # turned into bytes once its first frame is complete, not on every partial read,
+            # which keeps large frames arriving in many chunks linear.
+            buf += data
+            if len(buf) < 4:
+                return
+            (length,) = _LENGTH.unpack_from(buf, 0)
+            if length >= 4 and length + 4 <= MAX_FRAME_BYTES and len(buf) < 4 + length:
+                return
+            data = bytes(buf)
+            buf.clear()
         pos = 0
-        end = len(buf)
-        bad_header: str | None = None
-        try:
-            while end - pos >= 4:
-                (length,) = _LENGTH.unpack_from(buf, pos)
-                if length < 4 or length + 4 > MAX_FRAME_BYTES:
-                    self._malformed("bad_length", f"frame length {length}")
-                    return
-                if end - pos < 4 + length:
-                    break
-                payload = memoryview(buf)[pos + 4:pos + 4 + length]
-                try:
-                    cmd = decode_frame_payload(payload)
-                finally:
-                    payload.release()
-                pos += 4 + length
-                self._dispatch(cmd)
-                if self.closed:
-                    return
-        except FrameError as exc:
-            # Handled after the except block: until the exception (and its traceback) is gone, the
-            # decoder's frames still hold views of the buffer, and a buffer with views can't be cleared.
-            bad_header = str(exc)
-        if bad_header is not None:
-            self._malformed("bad_header", bad_header)
-            return
-        if pos:
-            del buf[:pos]
+        end = len(data)
+        while end - pos >= 4:
+            (length,) = _LENGTH.unpack_from(data, pos)
+            if length < 4 or length + 4 > MAX_FRAME_BYTES:
+                self._malformed("bad_length", f"frame length {length}")
+                return
+            frame_end = pos + 4 + length
+            if frame_end > end:
+                break
+            try:
+                cmd = decode_frame(data, pos + 4, frame_end)
+            except FrameError as exc:
+                self._malformed("bad_header", str(exc))
+                return
+            pos = frame_end
+            self._dispatch(cmd)
+            if self.closed:
+                return
+        if pos < end:
+            buf += memoryview(data)[pos:]
 
     def _malformed(self, reason: str, detail: str) -> None:
         self.server.stats.malformed(reason)

@@ -230,6 +230,8 @@ class MessageStore:
             self._store_ip = ip_to_bytes(config.store_host[0])
         except ValueError as exc:
             raise StoreConfigError(f"store host must be an IP address, got {config.store_host[0]!r}") from exc
+        # offset_msg_id's ip+port hex for the configured store host, computed once rather than per put.
+        self._msg_id_prefix = offset_msg_id(config.store_host[0], config.store_host[1], 0)[:-16]
         self._delay_levels = config.message_delay_levels
         self._max_delay_level = len(config.message_delay_levels)
         self._file_size = config.mapped_file_size_commit_log
@@ -604,8 +606,9 @@ class MessageStore:
             if self._listeners:
                 self._notify(topic, queue_id, qoff + 1)
         self._reput_offset = phy + size
-        return PutResult(_PUT_OK, phy, size, offset_msg_id(store_host[0], store_host[1], phy),
-                         qoff, store_ts, 1, topic, queue_id)
+        msg_id = (f"{self._msg_id_prefix}{phy:016X}" if msg.store_host is None
+                  else offset_msg_id(store_host[0], store_host[1], phy))
+        return PutResult(_PUT_OK, phy, size, msg_id, qoff, store_ts, 1, topic, queue_id)
 
     async def put_message(self, msg: MessageInner) -> PutResult:
         """Store one message and, unless its WAIT property is ``"false"``, wait for the configured
