@@ -13,7 +13,10 @@ Children of a BrokerGroup ``<name>``:
   pod has brokerId 0, so a restarted pod comes back in the role it has now);
 * Secret ``<name>-admin-token`` (bearer token of the brokers' admin endpoint);
 * when the nameservers are managed: StatefulSet ``<name>-namesrv``, headless Service
-  ``<name>-namesrv-headless`` and client Service ``<name>-namesrv``, PodDisruptionBudget.
+  ``<name>-namesrv-headless`` and client Service ``<name>-namesrv``, PodDisruptionBudget;
+* replica verification runs: Jobs ``<name>-verify-<unix seconds>`` (``rmq-verify``, one at a
+  time, see :mod:`rmqoperator.verification`) and, when they run under a service account allowed
+  to write it, the report ConfigMap ``<name>-verification``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,14 @@ import base64
 import hashlib
 import json
 import logging
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rmqbroker.config import env_name
 from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec
+
+if TYPE_CHECKING:
+    from rmqoperator.verification import VerificationSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,13 @@ RUN_AS_USER = 10001
 # Keys of a rendered broker.conf that depend on the role assignment (changed at runtime through
 # the admin API, so they never call for a restart).
 ROLE_KEYS = ("brokerId", "brokerRole", "haMasterAddress")
+# The verification Job: its container, where Kubernetes reads the termination message from, the
+# label its pods carry (set in the pod template, so no dependency on the job controller's labels).
+VERIFY_CONTAINER = "verify"
+TERMINATION_LOG = "/dev/termination-log"
+VERIFY_JOB_LABEL = f"{GROUP}/verification-job"
+VERIFY_TTL_SECONDS = 24 * 3600
+COMPONENT_NAMES = {"broker": "rmq-broker", "namesrv": "rmq-namesrv", "verification": "rmq-verify"}
 
 
 # ---------------------------------------------------------------- names
@@ -77,6 +91,10 @@ def namesrv_headless_name(spec: GroupSpec) -> str:
 
 def namesrv_service_name(spec: GroupSpec) -> str:
     return f"{spec.name}-namesrv"
+
+
+def verification_configmap_name(spec: GroupSpec) -> str:
+    return f"{spec.name}-verification"
 
 
 def pod_name(spec: GroupSpec, ordinal: int) -> str:
@@ -109,7 +127,7 @@ def namesrv_addr(spec: GroupSpec) -> str:
 # ---------------------------------------------------------------- metadata
 def labels(spec: GroupSpec, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "rmq-broker" if component == "broker" else "rmq-namesrv",
+        "app.kubernetes.io/name": COMPONENT_NAMES[component],
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/managed-by": "rmq-operator",
@@ -367,6 +385,70 @@ def namesrv_client_service(spec: GroupSpec) -> Obj:
         "spec": {"type": "ClusterIP", "selector": selector(spec, "namesrv"),
                  "ports": [{"name": "namesrv", "port": spec.ports.name_server, "targetPort": "namesrv",
                             "protocol": "TCP"}]},
+    }
+
+
+# ---------------------------------------------------------------- replica verification
+def admin_urls(spec: GroupSpec, ordinals: Iterable[int]) -> list[str]:
+    """Admin endpoints of the broker pods by their stable DNS names (rmq-verify finds the master by role)."""
+    return [f"http://{pod_dns(spec, o)}:{spec.ports.admin}" for o in sorted(ordinals)]
+
+
+def verification_job(spec: GroupSpec, verification: VerificationSpec, name: str, ordinals: Iterable[int],
+                     annotations: Mapping[str, str] | None = None) -> Obj:
+    """The ``rmq-verify`` Job ``name`` over the brokers ``ordinals`` (Spark in local mode in the pod).
+
+    One attempt (backoffLimit 0: a failed run is reported, the next trigger runs again), bounded by
+    activeDeadlineSeconds. The summary goes to the termination message; the full report to the
+    ConfigMap ``<group>-verification`` only under ``serviceAccountName`` (the job writes it with its
+    own credentials: the account needs configmaps create/patch); otherwise no API token is mounted.
+    Root filesystem read-only: Spark, the JVM and Python write under the /tmp emptyDir.
+    """
+    meta_labels = {**labels(spec, "verification"), VERIFY_JOB_LABEL: name}
+    args = ["--replicas", ",".join(admin_urls(spec, ordinals)), "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}",
+            "--termination-log", TERMINATION_LOG, "--spark-conf", "spark.ui.enabled=false"]
+    if verification.service_account:
+        args += ["--configmap", f"{spec.namespace}/{verification_configmap_name(spec)}"]
+    container: Obj = {
+        "name": VERIFY_CONTAINER,
+        "image": verification.image or spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["rmq-verify"],
+        "args": args,
+        # HOME (/home/rmq in the image) is read-only here; the JVM's java.io.tmpdir is /tmp already.
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "SPARK_LOCAL_DIRS", "value": "/tmp"}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "volumeMounts": [{"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _container_security(),
+    }
+    if verification.resources:
+        container["resources"] = verification.resources
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": bool(verification.service_account),
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "admin-token", "secret": {"secretName": token_secret_name(spec), "defaultMode": 0o440}},
+                    {"name": "tmp", "emptyDir": {}}],
+    }
+    if verification.service_account:
+        pod_spec["serviceAccountName"] = verification.service_account
+    meta: Obj = {"name": name, "namespace": spec.namespace, "labels": meta_labels,
+                 "ownerReferences": [owner_reference(spec)]}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": verification.active_deadline_seconds,
+            "ttlSecondsAfterFinished": VERIFY_TTL_SECONDS,
+            "template": {"metadata": {"labels": meta_labels}, "spec": pod_spec},
+        },
     }
 
 

@@ -39,6 +39,7 @@ from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_r
 from rmqoperator.rolling import RollStep, next_restart
 from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, parse_spec, problems
 from rmqoperator.status import Cond, Health, conditions, merge_conditions, now_iso, phase, replica_rows, summary
+from rmqoperator.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class GroupController:
         self.last_status: Obj | None = None
         self._announced: set[str] = set()  # one-shot events (keys) not to repeat every tick
         self.planned_restart: str | None = None  # master pod deleted by a rolling restart
+        self.verifier = Verifier(api, namespace, name, self._event)
 
     # ------------------------------------------------------------ handlers' entry points
     def _load(self, body: Mapping[str, Any]) -> None:
@@ -101,6 +103,7 @@ class GroupController:
             self.last_status = dict(body.get("status") or {}) or None
             lf = (body.get("status") or {}).get("lastFailover")
             self.last_failover = dict(lf) if isinstance(lf, Mapping) else None
+            self.verifier.load(status)
 
     async def ensure(self, body: Mapping[str, Any]) -> None:
         """create/update/resume: validate the spec and create-or-patch every child."""
@@ -181,6 +184,7 @@ class GroupController:
             try:
                 for api_version, kind, name in builders.child_refs(spec):
                     await self.api.delete(api_version, kind, spec.namespace, name)
+                await self.verifier.cleanup(spec)
                 # Pods go with their StatefulSet through garbage collection on a real cluster.
             except ApiError as exc:
                 raise TemporaryFailure(str(exc)) from exc
@@ -244,7 +248,19 @@ class GroupController:
                 self.roll = await self._roll(spec, views) if decision.action == "none" else None
             self.failover = decision
             self.rows = replica_rows(spec, self.state, views)
+            await self._verify(spec, body)
             await self._write_status(spec)
+
+    async def _verify(self, spec: GroupSpec, body: Mapping[str, Any]) -> None:
+        """Replica verification's part of the round; its failures never hold up the rest."""
+        assert self.state is not None
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        try:
+            await self.verifier.round(spec, self.state.assignment, annotations, self.paused)
+        except ApiError as exc:
+            log.warning("%s/%s: verification round failed: %s", self.namespace, self.name, exc)
+        except Exception:
+            log.exception("%s/%s: verification round failed", self.namespace, self.name)
 
     async def _announce_failover(self, spec: GroupSpec, decision: FailoverDecision) -> None:
         key = f"failover:{decision.reason}"
@@ -371,7 +387,7 @@ class GroupController:
                         roll_pending=self.roll.pending if self.roll else ())
         if spec is not None:
             status.update(self.state.to_status(spec))
-            conds = conditions(spec, self.state, self.rows, health)
+            conds = conditions(spec, self.state, self.rows, health) + self.verifier.conditions()
             status.update(summary(self.rows, self.state.master_pod(spec)))
             status["replicas"] = self.rows
             master_row = next((r for r in self.rows if r["pod"] == status.get("master")), None)
@@ -379,13 +395,14 @@ class GroupController:
                 status["masterAddress"] = master_row["address"]
         else:
             conds = [Cond("Ready", False, "InvalidSpec", self.invalid or ""),
-                     Cond("Degraded", True, "InvalidSpec", self.invalid or "")]
+                     Cond("Degraded", True, "InvalidSpec", self.invalid or ""), *self.verifier.conditions()]
         status["conditions"] = merge_conditions(old.get("conditions"), conds, self.generation, now)
         status["phase"] = phase(conds, health) if spec is not None else "Invalid"
         if self.last_failover:
             status["lastFailover"] = self.last_failover
         if self.roll is not None:
             status["rolling"] = {"pending": list(self.roll.pending)}
+        status.update(self.verifier.status_fields())
         # Merge patches merge maps: pods gone from the assignment are removed explicitly.
         patch = dict(status)
         if "brokerIds" in status:

@@ -10,7 +10,9 @@ rmqoperator.handlers`` or ``rmq-operator``).
 * delete -> ``cleanup`` (behind kopf's finalizer, so children are removed even where no garbage
   collector follows owner references);
 * a per-group daemon polls the brokers every ``RMQ_OPERATOR_POLL_SECONDS`` (default 1 s) and
-  drives failover, re-pointing, rolling restarts and the status.
+  drives failover, re-pointing, rolling restarts, replica verification Jobs (on
+  ``spec.verification.schedule`` and on a new ``rmq.brokergroup.dev/verify-now`` value) and the
+  status.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ rmq.brokergroup.dev    brokergroups/status                      get, patch
 "" (core)              configmaps, services                     get, create, patch, delete
 "" (core)              secrets                                  get, create, delete
 "" (core)              pods                                     list, delete
+batch                  jobs                                     get, list, create, delete
 apps                   statefulsets                             get, create, patch, delete
 policy                 poddisruptionbudgets                     get, create, patch, delete
 apiextensions.k8s.io   customresourcedefinitions (cluster)      list, watch
@@ -27,7 +28,15 @@ kopf itself uses the brokergroups rows (watch, finalizer and annotation patches)
 watches CRDs for resource discovery, and lists/watches namespaces when given namespace patterns.
 Besides RBAC, the operator pod must reach every broker pod's admin port (``spec.ports.admin``,
 default 10916) for ``GET /status``, ``POST /ha/master`` and ``POST /role`` (allow it in a
-NetworkPolicy). The verification Jobs of the Spark issue will add batch/jobs rows.
+NetworkPolicy).
+
+Replica verification (:mod:`rmqoperator.verification`): the operator creates, lists, reads and
+deletes the ``rmq-verify`` Jobs, lists their pods to read the report summary from the
+termination message, and reads (on group deletion deletes) the report ConfigMap
+``<group>-verification``. The Job pods themselves get no API token unless
+``spec.verification.serviceAccountName`` is set; that account then needs configmaps create/patch
+in the group's namespace to write the report ConfigMap. The Job pods must reach every broker
+pod's admin port too.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     ("apps/v1", "StatefulSet"): "statefulsets",
+    ("batch/v1", "Job"): "jobs",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (API_VERSION, KIND): PLURAL,
 }

@@ -219,6 +219,9 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
     if not reserved:
         out.extend(_broker_config_problems(spec))
+    from rmqoperator.verification import problems as verification_problems
+
+    out.extend(verification_problems(spec))
     return out
 
 
