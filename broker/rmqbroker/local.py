@@ -244,6 +244,10 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
         stop_all()
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rmq-local", description="Run a BrokerGroup as local processes")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -257,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     p_st.add_argument("--data-dir", type=Path, default=Path(os.environ.get("RMQ_LOCAL_DATA", "local-data")))
     args = parser.parse_args(argv)
     if args.cmd == "up":
+        # Ctrl-C and SIGTERM both stop the group in order, even when started from a background
+        # job of a non-interactive shell (which would otherwise inherit SIGINT as ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminate)
         try:
             raise SystemExit(up(args.manifest, args.data_dir, args.base_port, args.namesrv_port, args.once))
         except ManifestError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,36 @@ def test_local_group_rejects_bad_manifest(tmp_path: Path) -> None:
                           "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=30,
                          check=False)
     assert out.returncode == 2 and "replicas" in out.stderr
+
+
+def test_local_group_stops_every_process_on_sigterm(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    manifest = tmp_path / "bg.yaml"
+    manifest.write_text("kind: BrokerGroup\nmetadata: {name: local-b}\nspec: {replicas: 2, replication: ASYNC}\n")
+    base = free_port_block(30)
+    proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(manifest),
+                             "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
+                             "--namesrv-port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        state = tmp_path / "data" / "state.json"
+        deadline = time.monotonic() + 60
+        while not state.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.exists(), "group did not come up"
+        import json
+
+        pids = [b["pid"] for b in json.loads(state.read_text())["brokers"]]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            raise AssertionError(f"broker {pid} still running after rmq-local stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
