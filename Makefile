@@ -1,5 +1,5 @@
 # One entry point for newcomers and CI. `make test` builds its own virtualenv.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Main job on the embedded default: a local nameserver + broker, no Kubernetes.
+## Main job on the embedded default: a local broker group (nameserver, master, slaves), no Kubernetes.
 run: $(STAMP)
 	$(VENV)/bin/rmq-local up examples/brokergroup.yaml
 
