@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata._coerce import as_bool, as_int, as_object, as_str
-from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.data_version import DataVersion
 from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.versioned import VersionedTableFile, decode_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -115,84 +114,38 @@ class SubscriptionGroupConfig:
         )
 
 
-_Parsed = tuple[dict[str, SubscriptionGroupConfig], DataVersion | None, dict[str, Any]]
-
-
-def _decode_wrapper_obj(obj: Any) -> _Parsed:
-    data = as_object(obj, "subscription group wrapper")
-    table: dict[str, SubscriptionGroupConfig] = {}
-    raw_table = data.get("subscriptionGroupTable")
-    if raw_table is not None:
-        for name, raw in as_object(raw_table, "subscriptionGroupTable").items():
-            table[name] = SubscriptionGroupConfig.from_json_obj(raw, name)
-    raw_version = data.get("dataVersion")
-    version = DataVersion.from_json_obj(raw_version) if raw_version is not None else None
-    extra = {k: v for k, v in data.items() if k not in ("subscriptionGroupTable", "dataVersion")}
-    return table, version, extra
-
-
 def decode_subscription_group_wrapper(
     text: str | bytes,
 ) -> tuple[dict[str, SubscriptionGroupConfig], DataVersion | None]:
     """Parse subscriptionGroup.json / a GET_ALL_SUBSCRIPTIONGROUP_CONFIG body."""
-    table, version, _ = _decode_wrapper_obj(fastjson_loads(text))
+    table, version, _ = decode_wrapper(fastjson_loads(text), "subscriptionGroupTable",
+                                       SubscriptionGroupConfig.from_json_obj)
     return table, version
 
 
-class SubscriptionGroupManager(JsonConfigFile[_Parsed]):
+class SubscriptionGroupManager(VersionedTableFile[SubscriptionGroupConfig]):
     """Consumer group table persisted to ``<config_dir>/subscriptionGroup.json`` on every change."""
 
     FILE_NAME = "subscriptionGroup.json"
+    TABLE_KEY = "subscriptionGroupTable"
+    KIND = "subscription group"
+
+    @staticmethod
+    def _entry_from_json(raw: Any, name: str) -> SubscriptionGroupConfig:
+        return SubscriptionGroupConfig.from_json_obj(raw, name)
 
     def __init__(self, config_dir: Path, auto_create: bool = True, *, autoload: bool = True) -> None:
         super().__init__(config_dir)
         self.auto_create = auto_create
-        self._table: dict[str, SubscriptionGroupConfig] = {
-            name: SubscriptionGroupConfig(name) for name in BUILTIN_GROUPS
-        }
-        self._data_version = DataVersion()
-        self._extra: dict[str, Any] = {}
+        self._table.update({name: SubscriptionGroupConfig(name) for name in BUILTIN_GROUPS})
         if autoload:
             self.load()
 
-    # -- JsonConfigFile hooks -------------------------------------------------------------------
-
-    def _parse(self, text: str) -> _Parsed:
-        return _decode_wrapper_obj(fastjson_loads(text))
-
-    def _install_locked(self, parsed: _Parsed) -> None:
-        table, version, extra = parsed
-        self._table.update(table)
-        if version is not None:
-            self._data_version.assign(version)
-        self._extra = extra
-
-    def _snapshot_locked(self) -> dict[str, Any]:
-        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-        obj["dataVersion"] = self._data_version.to_json_obj()
-        obj["subscriptionGroupTable"] = {n: self._table[n].to_json_obj() for n in sorted(self._table)}
-        return dict(sorted(obj.items()))
-
     # -- queries --------------------------------------------------------------------------------
-
-    @property
-    def data_version(self) -> DataVersion:
-        with self._lock:
-            return self._data_version.copy()
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         """Look up without auto-creating."""
         return self._table.get(group)
-
-    def __contains__(self, group: object) -> bool:
-        return group in self._table
-
-    def __len__(self) -> int:
-        return len(self._table)
-
-    def table(self) -> dict[str, SubscriptionGroupConfig]:
-        with self._lock:
-            return dict(self._table)
 
     def find(self, group: str, *, persist: bool = True) -> SubscriptionGroupConfig | None:
         """Look up ``group``; when absent and auto-creation applies, create it with defaults.
@@ -239,17 +192,3 @@ class SubscriptionGroupManager(JsonConfigFile[_Parsed]):
         self._table[config.group_name] = config
         self._data_version.next_version()
         self._mark_changed_locked()
-
-    def replace_all(
-        self, table: Mapping[str, SubscriptionGroupConfig], data_version: DataVersion, *, persist: bool = True
-    ) -> bool:
-        """Adopt the master's table and version (slave sync, §7.6); no-op when versions are equal."""
-        with self._lock:
-            if self._data_version == data_version:
-                return False
-            self._table = dict(table)
-            self._data_version.assign(data_version)
-            self._mark_changed_locked()
-        log.info("subscription groups replaced from master: %d groups, %s", len(table), data_version)
-        self._persist_after_change(persist)
-        return True

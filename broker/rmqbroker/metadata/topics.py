@@ -11,16 +11,16 @@ import copy
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata._coerce import as_bool, as_int, as_object, as_str
-from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.data_version import DataVersion
 from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.versioned import VersionedTableFile, decode_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -213,29 +213,11 @@ TopicChangeListener = Callable[[str, TopicConfig | None], None]
 
 def decode_topic_wrapper(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None]:
     """Parse a TopicConfigSerializeWrapper (topics.json / GET_ALL_TOPIC_CONFIG body)."""
-    table, version, _ = _decode_wrapper_obj(fastjson_loads(text))
+    table, version, _ = decode_wrapper(fastjson_loads(text), "topicConfigTable", TopicConfig.from_json_obj)
     return table, version
 
 
-def _decode_wrapper_obj(
-    obj: Any,
-) -> tuple[dict[str, TopicConfig], DataVersion | None, dict[str, Any]]:
-    data = as_object(obj, "topic config wrapper")
-    raw_table = data.get("topicConfigTable")
-    table: dict[str, TopicConfig] = {}
-    if raw_table is not None:
-        for name, raw in as_object(raw_table, "topicConfigTable").items():
-            table[name] = TopicConfig.from_json_obj(raw, name)
-    raw_version = data.get("dataVersion")
-    version = DataVersion.from_json_obj(raw_version) if raw_version is not None else None
-    extra = {k: v for k, v in data.items() if k not in ("topicConfigTable", "dataVersion")}
-    return table, version, extra
-
-
-_Parsed = tuple[dict[str, TopicConfig], DataVersion | None, dict[str, Any]]
-
-
-class TopicConfigManager(JsonConfigFile[_Parsed]):
+class TopicConfigManager(VersionedTableFile[TopicConfig]):
     """The broker's topic table, persisted to ``<config_dir>/topics.json`` on every change.
 
     Mutators take ``persist=False`` for callers on the event loop that prefer to follow up with
@@ -243,6 +225,12 @@ class TopicConfigManager(JsonConfigFile[_Parsed]):
     """
 
     FILE_NAME = "topics.json"
+    TABLE_KEY = "topicConfigTable"
+    KIND = "topic"
+
+    @staticmethod
+    def _entry_from_json(raw: Any, name: str) -> TopicConfig:
+        return TopicConfig.from_json_obj(raw, name)
 
     def __init__(
         self,
@@ -263,9 +251,6 @@ class TopicConfigManager(JsonConfigFile[_Parsed]):
         self.broker_name = broker_name
         self.auto_create_topic_enable = auto_create_topic_enable
         self.default_topic_queue_nums = default_topic_queue_nums
-        self._table: dict[str, TopicConfig] = {}
-        self._data_version = DataVersion()
-        self._extra: dict[str, Any] = {}
         self._listeners: list[TopicChangeListener] = []
         # The cluster/broker-name topics are reserved on this broker like the fixed system topics.
         self._system_topics = set(SYSTEM_TOPICS) | {cluster_name, broker_name}
@@ -294,50 +279,14 @@ class TopicConfigManager(JsonConfigFile[_Parsed]):
         for tc in builtins:
             self._table[tc.topic_name] = tc
 
-    # -- JsonConfigFile hooks -------------------------------------------------------------------
-
-    def _parse(self, text: str) -> _Parsed:
-        return _decode_wrapper_obj(fastjson_loads(text))
-
-    def _install_locked(self, parsed: _Parsed) -> None:
-        table, version, extra = parsed
-        # Like the Java broker: persisted entries override the built-in defaults, built-ins stay.
-        self._table.update(table)
-        if version is not None:
-            self._data_version.assign(version)
-        self._extra = extra
-
-    def _snapshot_locked(self) -> dict[str, Any]:
-        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-        obj["dataVersion"] = self._data_version.to_json_obj()
-        obj["topicConfigTable"] = {name: self._table[name].to_json_obj() for name in sorted(self._table)}
-        return dict(sorted(obj.items()))
-
     # -- queries --------------------------------------------------------------------------------
-
-    @property
-    def data_version(self) -> DataVersion:
-        """A copy of the current DataVersion."""
-        with self._lock:
-            return self._data_version.copy()
 
     def select(self, topic: str) -> TopicConfig | None:
         return self._table.get(topic)
 
-    def __contains__(self, topic: object) -> bool:
-        return topic in self._table
-
-    def __len__(self) -> int:
-        return len(self._table)
-
     def topic_names(self) -> list[str]:
         with self._lock:
             return list(self._table)
-
-    def table(self) -> dict[str, TopicConfig]:
-        """A snapshot copy of the whole table."""
-        with self._lock:
-            return dict(self._table)
 
     def is_system_topic(self, topic: str) -> bool:
         """System topics of this broker: the fixed set, ``rmq_sys_*`` and the cluster/broker topics."""
@@ -484,15 +433,3 @@ class TopicConfigManager(JsonConfigFile[_Parsed]):
         self._mark_changed_locked()
 
     # -- slave sync -----------------------------------------------------------------------------
-
-    def replace_all(self, table: Mapping[str, TopicConfig], data_version: DataVersion, *, persist: bool = True) -> bool:
-        """Adopt the master's table and version (slave sync, §7.6); no-op when versions are equal."""
-        with self._lock:
-            if self._data_version == data_version:
-                return False
-            self._table = dict(table)
-            self._data_version.assign(data_version)
-            self._mark_changed_locked()
-        log.info("topic table replaced from master: %d topics, %s", len(table), data_version)
-        self._persist_after_change(persist)
-        return True
