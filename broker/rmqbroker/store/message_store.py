@@ -25,12 +25,14 @@ from rmqbroker.store.consume_queue import BLANK_SIZE, CQ_STORE_UNIT_SIZE, UNIT, 
 from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreLockedError
 from rmqbroker.store.mapped_file import MappedFile
 from rmqbroker.store.record import (
+    BLANK_MAGIC_CODE,
     DELAY,
     HEADER_SIZES,
     HOST_V6_MASK,
     MAX_PROPERTIES_LENGTH,
     MAX_TOPIC_LENGTH,
     MESSAGE_MAGIC_CODE,
+    MIN_RECORD_SIZE,
     REAL_QID,
     REAL_TOPIC,
     TAGS,
@@ -39,8 +41,10 @@ from rmqbroker.store.record import (
     TRANSACTION_TYPE_MASK,
     WAIT,
     BatchEntry,
+    check_record,
     decode_batch_body,
     dispatch_fields,
+    dispatch_record,
     encode_properties,
     encode_tail_with_prefix,
     get_property,
@@ -49,6 +53,7 @@ from rmqbroker.store.record import (
     java_string_hash,
     join_properties,
     offset_msg_id,
+    peek_size_magic,
     record_size,
     record_topic,
     tags_code,
@@ -461,24 +466,41 @@ class MessageStore:
     # =============================================================================== dispatch ===
     def _dispatch_from(self, start: int, budget: int | None = None) -> int:
         """Build consume-queue units for complete records from ``start`` (at most ``budget`` bytes of
-        them when given); returns where it stopped."""
-        pos = start
+        them when given); returns where it stopped (always a record boundary)."""
+        mfq = self.commitlog.mfq
+        mf = mfq.find_file(start)
+        if mf is None:
+            return start
+        rel = start - mf.file_from_offset
         limit = None if budget is None else start + budget
         try:
-            for mf, rel, size in self.commitlog.iter_records(start):
-                if limit is not None and pos >= limit:
-                    break
-                if size == 0:
-                    pos = mf.file_end_offset
-                    continue
-                self._dispatch_one(mf, rel)
-                pos = mf.file_from_offset + rel + size
+            while limit is None or mf.file_from_offset + rel < limit:
+                wrote = mf.wrote_position
+                fields = dispatch_record(mf.mm, rel, wrote)
+                if fields is None:
+                    # General path: end-of-file marker, IPv6 hosts, data still arriving, corruption.
+                    if rel + 8 > wrote:
+                        break
+                    size, magic = peek_size_magic(mf.mm, rel)
+                    if magic == BLANK_MAGIC_CODE:
+                        nxt = mfq.find_file(mf.file_end_offset)
+                        if nxt is None:
+                            rel = mf.file_size
+                            break
+                        mf, rel = nxt, 0
+                        continue
+                    if magic == MESSAGE_MAGIC_CODE and size >= MIN_RECORD_SIZE and wrote < rel + size <= mf.file_size:
+                        break  # the rest of this record has not arrived yet
+                    check_record(mf.mm, rel, check_crc=False, limit=wrote)
+                    fields = dispatch_fields(mf.mm, rel)
+                self._dispatch_one(mf.file_from_offset + rel, fields)
+                rel += fields[0]
         except CorruptRecordError as exc:
-            log.error("cannot dispatch the commitlog past %d: %s", pos, exc)
-        return pos
+            log.error("cannot dispatch the commitlog past %d: %s", mf.file_from_offset + rel, exc)
+        return mf.file_from_offset + rel
 
-    def _dispatch_one(self, mf: MappedFile, rel: int) -> None:
-        size, topic, qid, qoff, sys_flag, store_ts, props = dispatch_fields(mf.mm, rel)
+    def _dispatch_one(self, phy: int, fields: tuple[int, str, int, int, int, int, str]) -> None:
+        size, topic, qid, qoff, sys_flag, store_ts, props = fields
         tran = sys_flag & TRANSACTION_TYPE_MASK
         self.commitlog.last_store_timestamp = store_ts
         if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
@@ -489,13 +511,14 @@ class MessageStore:
             if level > 0:
                 tags = store_ts + self._delay_levels[min(level, self._max_delay_level) - 1]
         cq = self._get_or_create_cq(topic, qid)
-        cq.put_unit(qoff, mf.file_from_offset + rel, size, tags)
+        cq.put_unit(qoff, phy, size, tags)
         key = f"{topic}-{qid}"
         table = self.commitlog.topic_queue_table
         if table.get(key, 0) <= qoff:
             table[key] = qoff + 1
         self._logics_ts = store_ts
-        self._notify(topic, qid, cq.max_offset())
+        if self._listeners:
+            self._notify(topic, qid, cq.max_offset())
 
     def _get_or_create_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         queues = self._cqs.get(topic)

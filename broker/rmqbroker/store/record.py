@@ -517,6 +517,44 @@ def write_blank(buf: WriteBuffer, pos: int, blank_len: int) -> None:
     _SIZE_MAGIC.pack_into(buf, pos, blank_len, BLANK_MAGIC_CODE)
 
 
+# Everything dispatch needs from an IPv4/IPv4 record header, in one unpack:
+#   0 TOTALSIZE i | 4 MAGICCODE i | 8 (BODYCRC) | 12 QUEUEID i | 16 (FLAG) | 20 QUEUEOFFSET q
+#  28 (PHYSICALOFFSET) | 36 SYSFLAG i | 40 (BORNTIMESTAMP, BORNHOST) | 56 STORETIMESTAMP q
+#  64 (STOREHOST, RECONSUMETIMES, PREPARED TRANSACTION OFFSET) | 84 BODYLENGTH i
+_DISPATCH_V4 = struct.Struct(">ii4xi4xq8xi16xq20xi")
+_topic_names: dict[bytes, str] = {}
+
+
+def dispatch_record(buf: ReadBuffer, pos: int, limit: int) -> tuple[int, str, int, int, int, int, str] | None:
+    """Fast path of :func:`check_record` (without CRC) + :func:`dispatch_fields` for the common case.
+
+    Returns the dispatch fields of a complete, self-consistent IPv4 record inside ``buf[:limit]``,
+    or None for anything else (end-of-file marker, IPv6 hosts, partial or corrupt data) — the caller
+    then takes the general path, which also produces the precise error.
+    """
+    if limit - pos < MIN_RECORD_SIZE:
+        return None
+    total, magic, qid, qoff, sys_flag, store_ts, body_len = _DISPATCH_V4.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC_CODE or sys_flag & (BORNHOST_V6 | STOREHOST_V6) or not (
+            MIN_RECORD_SIZE <= total <= limit - pos) or body_len < 0:
+        return None
+    end = pos + total
+    p = pos + 88 + body_len
+    if p + _TAIL_FIXED > end:
+        return None
+    t0 = p + 1
+    p = t0 + buf[p]
+    if p + 2 > end or p + 2 + ((buf[p] << 8) | buf[p + 1]) != end:
+        return None
+    raw_topic = bytes(buf[t0:p])
+    topic = _topic_names.get(raw_topic)
+    if topic is None:
+        topic = raw_topic.decode("utf-8", "replace")
+        if len(_topic_names) < 65536:
+            _topic_names[raw_topic] = topic
+    return total, topic, qid, qoff, sys_flag, store_ts, bytes(buf[p + 2:end]).decode("utf-8", "replace")
+
+
 def dispatch_fields(buf: ReadBuffer, pos: int) -> tuple[int, str, int, int, int, int, str]:
     """What a consume-queue dispatch needs from an already-checked record, without decoding the body.
 
