@@ -172,41 +172,44 @@ class HAConnection:
 
 
 class GroupTransferService:
-    """SYNC_MASTER waits: one slave ack releases every send up to its offset."""
+    """SYNC_MASTER waits: one slave ack releases every send up to its offset.
+
+    Waits are plain futures resolved by acks or by a timer handle, so a waiting send costs no
+    task or coroutine.
+    """
 
     def __init__(self, service: HAService) -> None:
         self.service = service
-        self._waiters: collections.deque[tuple[int, asyncio.Future[bool]]] = collections.deque()
+        self._waiters: collections.deque[
+            tuple[int, asyncio.Future[PutMessageStatus], asyncio.TimerHandle]] = collections.deque()
 
     def release(self, acked: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= acked:
-            _, fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(True)
-
-    async def wait(self, end_offset: int) -> PutMessageStatus:
-        svc = self.service
-        if not svc.slave_ok(end_offset):
-            return PutMessageStatus.SLAVE_NOT_AVAILABLE
-        if svc.push_to_slave_max_offset >= end_offset:
-            return PutMessageStatus.PUT_OK
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        # Appends are ordered, so the deque stays sorted by end offset.
-        self._waiters.append((end_offset, fut))
-        # A timer handle rather than asyncio.wait_for, which would cost a task per send.
-        timer = loop.call_later(svc.config.sync_timeout, _expire, fut)
-        try:
-            ok = await fut
-        finally:
+            _, fut, timer = waiters.popleft()
             timer.cancel()
-        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+            if not fut.done():
+                fut.set_result(PutMessageStatus.PUT_OK)
+
+    def wait(self, end_offset: int) -> asyncio.Future[PutMessageStatus]:
+        """A future of the replication outcome of an append ending at ``end_offset`` (§7.5)."""
+        svc = self.service
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[PutMessageStatus] = loop.create_future()
+        if not svc.slave_ok(end_offset):
+            fut.set_result(PutMessageStatus.SLAVE_NOT_AVAILABLE)
+        elif svc.push_to_slave_max_offset >= end_offset:
+            fut.set_result(PutMessageStatus.PUT_OK)
+        else:
+            timer = loop.call_later(svc.config.sync_timeout, _expire, fut)
+            # Appends are ordered, so the deque stays sorted by end offset.
+            self._waiters.append((end_offset, fut, timer))
+        return fut
 
 
-def _expire(fut: asyncio.Future[bool]) -> None:
+def _expire(fut: asyncio.Future[PutMessageStatus]) -> None:
     if not fut.done():
-        fut.set_result(False)
+        fut.set_result(PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
 
 
 class HAService:

@@ -6,6 +6,7 @@ is touched, so a rejected send never leaves bytes behind.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import zlib
@@ -219,10 +220,25 @@ class SendMessageProcessor:
         except SendRejected as exc:
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
-        pending = store.durability_wait(result, props.get(rec.WAIT) != "false")
+        wait = props.get(rec.WAIT) != "false"
+        replicated = store.replication_future(result, wait)
+        if replicated is not None:
+            # SYNC_MASTER with ASYNC_FLUSH: answer from the ack's callback (no task per send).
+            answer: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+            replicated.add_done_callback(
+                lambda f: answer.set_result(self._replicated(f, cmd, result, queue_id)))
+            return answer
+        pending = store.durability_wait(result, wait)
         if pending is None:
             return self._response(cmd, result, queue_id, len(cmd.body))
         return self._respond_after(pending, cmd, result, queue_id)
+
+    def _replicated(self, fut: asyncio.Future[PutMessageStatus], cmd: RemotingCommand, result: PutResult,
+                    queue_id: int) -> RemotingCommand:
+        status = fut.result() if not fut.cancelled() else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        if status is not PutMessageStatus.PUT_OK:
+            result.status = status
+        return self._response(cmd, result, queue_id, len(cmd.body))
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> RemotingCommand:

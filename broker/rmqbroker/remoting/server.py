@@ -8,6 +8,7 @@ server from serving other connections.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import struct
@@ -172,6 +173,10 @@ class Connection(asyncio.Protocol):
         if result is None or isinstance(result, RemotingCommand):
             self._finish(cmd, result, started)
             return
+        if isinstance(result, asyncio.Future):
+            # An answer that a callback will provide (e.g. a slave ack): no task needed.
+            result.add_done_callback(functools.partial(self._future_done, cmd, started))
+            return
         task = asyncio.get_running_loop().create_task(self._run(result, cmd, started))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -184,6 +189,15 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             response = self._error_response(cmd, exc)
         self._finish(cmd, response, started)
+
+    def _future_done(self, cmd: RemotingCommand, started: float, fut: asyncio.Future[RemotingCommand | None]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
+            self._finish(cmd, fut.result(), started)
+        elif isinstance(exc, Exception):
+            self._finish(cmd, self._error_response(cmd, exc), started)
 
     def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
         if isinstance(exc, HeaderError):

@@ -14,7 +14,7 @@ import fcntl
 import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,7 +210,7 @@ class GetMessageResult:
 ArrivalListener = Callable[[str, int, int], None]
 # HA seam for SYNC_MASTER: awaited with the end offset of a stored message that wants to wait;
 # returns PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5).
-ReplicationHook = Callable[[int], Awaitable[PutMessageStatus]]
+ReplicationHook = Callable[[int], asyncio.Future[PutMessageStatus]]
 TagFilter = Callable[[int], bool]
 
 
@@ -720,6 +720,15 @@ class MessageStore:
         if self.config.sync_flush or (wait and self.replication_hook is not None):
             return self._await_durability(result, wait)
         return None
+
+    def replication_future(self, result: PutResult, wait: bool) -> asyncio.Future[PutMessageStatus] | None:
+        """ASYNC_FLUSH with replication: the replication outcome as a plain future, or None when
+        the put needs nothing more (the caller answers at once) or needs :meth:`durability_wait`.
+        """
+        hook = self.replication_hook
+        if result.status is not _PUT_OK or self.config.sync_flush or not wait or hook is None:
+            return None
+        return hook(result.end_offset)
 
     async def _await_durability(self, result: PutResult, wait: bool) -> None:
         hook = self.replication_hook if wait else None
