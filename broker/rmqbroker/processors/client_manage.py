@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rmqbroker.metadata.jsonfile import fastjson_loads
@@ -44,7 +45,8 @@ def _mq_list(obj: dict[str, Any]) -> list[tuple[str, int]]:
     return out
 
 
-def make_notifier(settings_enabled: bool, group_enabled: Any) -> Any:
+def make_notifier(settings_enabled: bool,
+                  group_enabled: Callable[[str], bool]) -> Callable[[str, list[Connection]], None]:
     """Build the NOTIFY_CONSUMER_IDS_CHANGED sender the client registry calls."""
 
     def notify(group: str, conns: list[Connection]) -> None:
