@@ -90,6 +90,12 @@ from types import FrameType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.procs import free_port, free_port_block, wait_port  # noqa: E402
+
+from rmqbroker.remoting.frame import RemotingCommand, decode_frame_payload, encode_frame  # noqa: E402
+
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -103,44 +109,6 @@ JAVA_VERSION = 409  # V4_9_8 ordinal, what a 4.9.x Java client sends
 
 
 # =========================================================================== small helpers ===
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports (broker: listen, listen+1 for HA)."""
-    for _ in range(200):
-        base = free_port()
-        if base + n >= 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
-
-
-def wait_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"port {port} did not open within {timeout}s")
-
-
 def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
     """utime + stime of a process (all threads) or of one of its threads, in seconds."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
@@ -182,19 +150,13 @@ def percentile(sorted_vals: array[int] | list[int], p: float) -> float:
     return float(sorted_vals[idx])
 
 
-def encode_request(code: int, ext: dict[str, str], body: bytes = b"", opaque: int = 1) -> bytes:
-    header = json.dumps({"code": code, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": opaque,
-                         "serializeTypeCurrentRPC": "JSON", "version": JAVA_VERSION},
-                        separators=(",", ":")).encode()
-    return FRAME_PREFIX.pack(4 + len(header) + len(body), len(header)) + header + body
-
-
 def rpc(addr: str, code: int, ext: dict[str, str], body: bytes = b"", timeout: float = 5.0,
         ) -> tuple[dict[str, Any], bytes]:
-    """One blocking request/response on a fresh connection (setup only, never on the hot path)."""
+    """One blocking request/response on a fresh connection (setup only, never on the hot path),
+    using the broker's own frame codec; returns ``({"code": …, "remark": …}, body)``."""
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(encode_request(code, ext, body))
+        s.sendall(encode_frame(RemotingCommand(code, ext_fields=dict(ext), body=body)))
 
         def read(n: int) -> bytes:
             out = bytearray()
@@ -206,9 +168,8 @@ def rpc(addr: str, code: int, ext: dict[str, str], body: bytes = b"", timeout: f
             return bytes(out)
 
         (length,) = struct.unpack(">i", read(4))
-        payload = read(length)
-    hlen = struct.unpack_from(">i", payload, 0)[0] & 0xFFFFFF
-    return json.loads(payload[4:4 + hlen]), payload[4 + hlen:]
+        resp = decode_frame_payload(read(length))
+    return {"code": resp.code, "remark": resp.remark, "extFields": resp.ext_fields}, bytes(resp.body)
 
 
 # ========================================================================= child processes ===

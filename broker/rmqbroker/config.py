@@ -21,10 +21,10 @@ from typing import Any
 
 from rmqbroker.store.config import DEFAULT_MESSAGE_DELAY_LEVEL as DEFAULT_DELAY_LEVELS
 from rmqbroker.store.config import parse_delay_levels
+from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
 
-ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 
 

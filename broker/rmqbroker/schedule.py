@@ -13,11 +13,10 @@ import time
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.store import record as rec
 from rmqbroker.store.errors import CorruptRecordError
-from rmqbroker.store.message_store import MessageInner, MessageStore, PutMessageStatus
+from rmqbroker.store.message_store import SCHEDULE_TOPIC, MessageInner, MessageStore, PutMessageStatus
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 POLL_SECONDS = 0.1
 ERROR_BACKOFF_SECONDS = 10.0
 BATCH = 64

@@ -19,10 +19,9 @@ from rmqbroker.ha.metadata_sync import SlaveMetadataSync
 from rmqbroker.ha.slave import HAClient
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.context import BrokerContext
+from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
-
-ROLES = ("SYNC_MASTER", "ASYNC_MASTER", "SLAVE")
 
 
 class RoleChangeError(ValueError):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rmqbroker.metadata.jsonfile import fastjson_loads
-from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE
+from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE, retry_topic
 from rmqbroker.processors.clients import ClientChannel, SubscriptionParseError, build_subscription
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
@@ -19,13 +19,6 @@ from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import Header
 
 log = logging.getLogger(__name__)
-
-RETRY_PREFIX = "%RETRY%"
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_PREFIX + group
-
 
 def _json_object(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     try:

@@ -39,10 +39,6 @@ _STATUS_CODE: dict[GetMessageStatus, int] = {
     GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
 }
 # Statuses whose nextBeginOffset a slave must not "correct" (offsetCheckInSlave=false).
-_CORRECTIVE = frozenset({GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-                         GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
-                         GetMessageStatus.OFFSET_TOO_SMALL})
-
 
 @dataclass(slots=True)
 class _HeldPull:
@@ -126,10 +122,10 @@ class PullMessageProcessor:
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
         else:
             code = _STATUS_CODE[status]
-        if is_slave and status in _CORRECTIVE:
-            next_begin = offset
-            if code == ResponseCode.PULL_OFFSET_MOVED:
-                code = ResponseCode.PULL_RETRY_IMMEDIATELY
+        # The store already leaves nextBeginOffset alone on a slave (offsetCheckInSlave=false);
+        # a would-be PULL_OFFSET_MOVED is answered as "retry" there, as in RocketMQ.
+        if is_slave and code == ResponseCode.PULL_OFFSET_MOVED:
+            code = ResponseCode.PULL_RETRY_IMMEDIATELY
 
         if allow_suspend and sys_flag & FLAG_COMMIT_OFFSET and not is_slave and commit_offset >= 0:
             ctx.offsets.commit(group, topic, queue_id, commit_offset)

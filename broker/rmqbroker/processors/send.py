@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from rmqbroker.metadata.topics import (
     PERM_READ,
     PERM_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
     TopicConfig,
     dlq_topic,
     is_not_allowed_send_topic,
@@ -33,7 +34,6 @@ from rmqbroker.store.message_store import MessageBatchInner, MessageInner, PutMe
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX = "%RETRY%"
 MSG_REGION_DEFAULT = "DefaultRegion"
 
 # PutMessageStatus -> (response code, remark, header filled)
@@ -155,7 +155,7 @@ class SendMessageProcessor:
             self._sendable_names.add(topic)
         tc = ctx.topics.select(topic)
         if tc is None:
-            if topic.startswith(RETRY_PREFIX):
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                 tc = ctx.topics.create_retry_topic(topic, 1, PERM_WRITE | PERM_READ, persist=False)
             else:
                 tc = ctx.topics.create_topic_in_send_message_method(topic, default_topic, remote, default_nums,
@@ -198,7 +198,7 @@ class SendMessageProcessor:
             body_str = props_raw[:-1] if props_raw.endswith(rec.PROPERTY_SEPARATOR) else props_raw
             if len(props) == body_str.count(rec.PROPERTY_SEPARATOR) + 1 and rec.CLUSTER not in props:
                 props_string = f"{body_str}{self._cluster_suffix}"
-            if topic.startswith(RETRY_PREFIX) and not is_batch:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not is_batch:
                 topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times, max_reconsume_times,
                                                      cmd.version, props)
                 props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
@@ -247,7 +247,7 @@ class SendMessageProcessor:
 
     def _retry_or_dlq(self, topic: str, queue_id: int, reconsume_times: int, max_reconsume: int, version: int,
                       props: dict[str, str]) -> tuple[str, int]:
-        group = topic[len(RETRY_PREFIX):]
+        group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
         cfg = self.ctx.groups.find(group, persist=False)
         if cfg is None:
             raise SendRejected(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
@@ -263,7 +263,7 @@ class SendMessageProcessor:
 
     def _unpack_batch(self, topic: str, queue_id: int, body: bytes, sys_flag: int, props: dict[str, str],
                       born_ts: int, born_host: tuple[str, int]) -> MessageBatchInner:
-        if topic.startswith(RETRY_PREFIX):
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
         if sys_flag & rec.COMPRESSED:
             # C++ compresses a whole batch body of 4 KiB or more; its entries are plain.
