@@ -112,26 +112,13 @@ class RemotingCommand:
                 f"remark={self.remark!r} ext={self.ext_fields!r} body={len(self.body)}B)")
 
 
-_object_new = object.__new__
-
-
 def _new_command(code: int, opaque: int, flag: int, remark: str | None, ext_fields: dict[str, str],
                  body: bytes | bytearray | memoryview, language: str, version: int,
                  serialize_type: int) -> RemotingCommand:
-    """``RemotingCommand(...)`` without keyword-argument parsing, for the per-request decode and
-    per-response paths (about 0.4 µs less each). Sets every slot, exactly as ``__init__`` does."""
-    cmd: RemotingCommand = _object_new(RemotingCommand)
-    cmd.code = code
-    cmd.opaque = opaque
-    cmd.flag = flag
-    cmd.remark = remark
-    cmd.ext_fields = ext_fields
-    cmd.body = body
-    cmd.language = language
-    cmd.version = version
-    cmd.serialize_type = serialize_type
-    cmd.ext_json = None
-    return cmd
+    """``RemotingCommand(...)`` with positional arguments, for the per-request decode and
+    per-response paths."""
+    return RemotingCommand(code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext_fields, body=body,
+                           language=language, version=version, serialize_type=serialize_type)
 
 
 # The only extFields value type a header usually carries (see _decode_json_header).

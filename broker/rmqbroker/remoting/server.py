@@ -15,7 +15,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from rmqbroker.remoting.codes import FLAG_ONEWAY, ResponseCode
 from rmqbroker.remoting.frame import (
@@ -285,8 +285,10 @@ class RemotingServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port,
                                                 reuse_address=True, backlog=1024)
-        sock = self._server.sockets[0]
-        self.port = int(sock.getsockname()[1])
+        # A list under uvloop where typeshed declares a tuple: read it untyped, or mypyc's
+        # compiled check of the declared type would reject it.
+        server: Any = self._server
+        self.port = int(server.sockets[0].getsockname()[1])
         log.info("%s listening on %s:%d", self.name, self.host, self.port)
 
     async def stop(self) -> None:
