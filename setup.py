@@ -17,6 +17,7 @@ COMPILED = [
     "broker/rmqbroker/remoting/frame.py",
     "broker/rmqbroker/remoting/server.py",
     "broker/rmqbroker/remoting/wire.py",
+    "broker/rmqbroker/remoting/latency.py",
     "broker/rmqbroker/processors/send.py",
     "broker/rmqbroker/store/record.py",
     "broker/rmqbroker/store/commitlog.py",

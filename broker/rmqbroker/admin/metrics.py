@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from rmqbroker.remoting.latency import LATENCY_BUCKETS, RequestLatency
 from rmqbroker.remoting.server import RemotingStats
 from rmqbroker.stats import BrokerStats
 
@@ -60,42 +60,36 @@ class BrokerCollector(Collector):
             yield g
 
 
-LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
-
-
 class LatencyHistogram(Collector):
-    """Per-request-code latency histogram kept as plain lists (bisect + increment per request),
-    exported as a Prometheus histogram at scrape time; much cheaper than a metric child per call."""
+    """Exports the remoting server's :class:`RequestLatency` as a Prometheus histogram at scrape
+    time: counting stays a bisect and an increment per request, with no metric child per call."""
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], source: RequestLatency | None = None) -> None:
         self.labels = labels
-        self._by_code: dict[int, tuple[list[int], list[float]]] = {}
+        self.source = source if source is not None else RequestLatency()
 
     def observe(self, code: int, seconds: float) -> None:
-        entry = self._by_code.get(code)
-        if entry is None:
-            entry = self._by_code[code] = ([0] * (len(LATENCY_BUCKETS) + 1), [0.0])
-        entry[0][bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        entry[1][0] += seconds
+        self.source.observe(code, seconds)
 
     def collect(self) -> Iterator[Any]:
         h = HistogramMetricFamily("rmq_request_latency_seconds", "Request handling time by request code",
                                   labels=[*self.labels, "code"])
-        for code, (counts, total) in sorted(self._by_code.items()):
+        for code, (counts, total) in sorted(self.source.snapshot().items()):
             cumulative = 0
             buckets = []
             for bound, n in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
                 cumulative += n
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-            h.add_metric([*self.labels.values(), str(code)], buckets, total[0])
+            h.add_metric([*self.labels.values(), str(code)], buckets, total)
         yield h
 
 
 def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
-                   labels: dict[str, str]) -> tuple[CollectorRegistry, LatencyHistogram]:
+                   labels: dict[str, str], latency_source: RequestLatency | None = None,
+                   ) -> tuple[CollectorRegistry, LatencyHistogram]:
     """A registry with the counters collector and the request-latency histogram (by request code)."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(stats, remoting, gauges, labels))
-    latency = LatencyHistogram(labels)
+    latency = LatencyHistogram(labels, latency_source)
     registry.register(latency)
     return registry, latency

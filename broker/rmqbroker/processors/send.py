@@ -24,13 +24,17 @@ from rmqbroker.metadata.topics import (
 )
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
-from rmqbroker.remoting.codes import RequestCode, ResponseCode
-from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.codes import SERIALIZE_JSON, RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand, encode_json_response
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import Header, normalize_send_v2
 from rmqbroker.store import record as rec
 from rmqbroker.store.errors import CorruptRecordError
 from rmqbroker.store.message_store import MessageBatchInner, MessageInner, PutMessageStatus, PutResult
+
+# What a send answers with: a response command, or (JSON success) the encoded frame itself.
+Answer = RemotingCommand | bytes
+_PUT_OK = PutMessageStatus.PUT_OK
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +175,7 @@ class SendMessageProcessor:
                                f"topicConfig.readQueueNums:[{tc.read_queue_nums}] producer:[{remote}]")
         return tc
 
-    def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Awaitable[Answer]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
 
         Returning the response directly (no coroutine, no task) is what keeps the common
@@ -224,7 +228,7 @@ class SendMessageProcessor:
         replicated = store.replication_future(result, wait)
         if replicated is not None:
             # SYNC_MASTER with ASYNC_FLUSH: answer from the ack's callback (no task per send).
-            answer: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+            answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
             replicated.add_done_callback(
                 lambda f: answer.set_result(self._replicated(f, cmd, result, queue_id)))
             return answer
@@ -234,14 +238,14 @@ class SendMessageProcessor:
         return self._respond_after(pending, cmd, result, queue_id)
 
     def _replicated(self, fut: asyncio.Future[PutMessageStatus], cmd: RemotingCommand, result: PutResult,
-                    queue_id: int) -> RemotingCommand:
+                    queue_id: int) -> Answer:
         status = fut.result() if not fut.cancelled() else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
         if status is not PutMessageStatus.PUT_OK:
             result.status = status
         return self._response(cmd, result, queue_id, len(cmd.body))
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
-                             queue_id: int) -> RemotingCommand:
+                             queue_id: int) -> Answer:
         await pending
         return self._response(cmd, result, queue_id, len(cmd.body))
 
@@ -283,8 +287,14 @@ class SendMessageProcessor:
         return MessageBatchInner(topic=topic, queue_id=queue_id, body=body, properties=props, sys_flag=sys_flag,
                                  born_timestamp=born_ts, born_host=born_host, entries=entries)
 
-    def _response(self, cmd: RemotingCommand, result: PutResult, queue_id: int, nbytes: int) -> RemotingCommand:
-        code, remark, filled = _PUT_STATUS[result.status]
+    def _response(self, cmd: RemotingCommand, result: PutResult, queue_id: int, nbytes: int) -> Answer:
+        status = result.status
+        code: int
+        remark: str | None
+        if status is _PUT_OK:
+            code, remark, filled = ResponseCode.SUCCESS, None, True
+        else:
+            code, remark, filled = _PUT_STATUS[status]
         if not filled:
             self.ctx.stats.rejected(code)
             return cmd.make_response(code, remark)
@@ -294,6 +304,13 @@ class SendMessageProcessor:
         msg_id = result.msg_id
         queue_id_s = str(queue_id)
         queue_offset_s = str(result.queue_offset)
+        # Message ids are hex (comma-joined for a batch) and the rest are integers or constants,
+        # so these members need no escaping.
+        ext_json = (f'"msgId":"{msg_id}","queueId":"{queue_id_s}","queueOffset":"{queue_offset_s}"'
+                    f"{_RESPONSE_EXT_CONST}")
+        if cmd.serialize_type == SERIALIZE_JSON:
+            # The whole frame at once: no response command, ext dict or header encoder per message.
+            return encode_json_response(code, cmd.opaque, ext_json)
         resp = cmd.make_response(code, remark, ext_fields={
             wire.MSG_ID: msg_id,
             wire.QUEUE_ID: queue_id_s,
@@ -301,11 +318,7 @@ class SendMessageProcessor:
             wire.MSG_REGION: MSG_REGION_DEFAULT,
             wire.TRACE_ON: "true",
         })
-        # The same members pre-encoded for the JSON header (the frame encoder would escape each of
-        # the ten strings): message ids are hex (comma-joined for a batch) and the rest are
-        # integers or constants, so nothing needs escaping.
-        resp.ext_json = (f'"msgId":"{msg_id}","queueId":"{queue_id_s}","queueOffset":"{queue_offset_s}"'
-                         f"{_RESPONSE_EXT_CONST}")
+        resp.ext_json = ext_json
         return resp
 
     # -- CONSUMER_SEND_MSG_BACK --

@@ -290,6 +290,17 @@ def encode_header(cmd: RemotingCommand) -> bytes:
                              (cmd.serialize_type << 24) | len(header)) + header
 
 
+def encode_json_response(code: int, opaque: int, ext_json: str) -> bytes:
+    """The whole frame of a JSON response without remark or body whose extFields are the
+    pre-encoded members ``ext_json``: the same bytes as ``encode_header`` of
+    ``request.make_response(code, None, ext)`` with ``ext_json`` set, built without the command
+    object (the send path answers every message with one)."""
+    header = (f'{{"code":{code},"extFields":{{{ext_json}}},"flag":{FLAG_RESPONSE},"language":"JAVA",'
+              f'"opaque":{opaque},"serializeTypeCurrentRPC":"JSON","version":{SERVER_VERSION}}}').encode()
+    n = len(header)
+    return FRAME_PREFIX.pack(4 + n, n) + header
+
+
 def encode_frame(cmd: RemotingCommand) -> bytes:
     """The whole frame as one bytes object (convenient for small frames and tests)."""
     head = encode_header(cmd)

@@ -25,15 +25,16 @@ from rmqbroker.remoting.frame import (
     decode_frame,
     encode_header,
 )
+from rmqbroker.remoting.latency import RequestLatency
 from rmqbroker.remoting.wire import HeaderError
 
 log = logging.getLogger(__name__)
 
-# A handler answers at once (a command, or None for no answer now) or returns an awaitable that
-# produces the answer; only the latter costs a task.
-Handler = Callable[["Connection", RemotingCommand],
-                   RemotingCommand | Awaitable[RemotingCommand | None] | None]
-LatencyObserver = Callable[[int, float], None]
+# A handler answers at once (a command, a complete pre-encoded response frame as ``bytes``, or
+# None for no answer now) or returns an awaitable that produces the answer; only the latter
+# costs a task.
+Response = RemotingCommand | bytes | None
+Handler = Callable[["Connection", RemotingCommand], Response | Awaitable[Response]]
 
 _conn_ids = itertools.count(1)
 
@@ -170,7 +171,7 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             self._finish(cmd, self._error_response(cmd, exc), started)
             return
-        if result is None or isinstance(result, RemotingCommand):
+        if result is None or isinstance(result, (RemotingCommand, bytes)):
             self._finish(cmd, result, started)
             return
         if isinstance(result, asyncio.Future):
@@ -181,7 +182,7 @@ class Connection(asyncio.Protocol):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, pending: Awaitable[RemotingCommand | None], cmd: RemotingCommand, started: float) -> None:
+    async def _run(self, pending: Awaitable[Response], cmd: RemotingCommand, started: float) -> None:
         try:
             response = await pending
         except asyncio.CancelledError:
@@ -190,7 +191,7 @@ class Connection(asyncio.Protocol):
             response = self._error_response(cmd, exc)
         self._finish(cmd, response, started)
 
-    def _future_done(self, cmd: RemotingCommand, started: float, fut: asyncio.Future[RemotingCommand | None]) -> None:
+    def _future_done(self, cmd: RemotingCommand, started: float, fut: asyncio.Future[Response]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
@@ -207,11 +208,13 @@ class Connection(asyncio.Protocol):
         log.error("request code %d from %s failed", cmd.code, self.remote_addr, exc_info=exc)
         return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _finish(self, cmd: RemotingCommand, response: RemotingCommand | None, started: float) -> None:
-        observer = self.server.latency_observer
-        if observer is not None:
-            observer(cmd.code, time.perf_counter() - started)
-        if response is not None and not cmd.flag & FLAG_ONEWAY:
+    def _finish(self, cmd: RemotingCommand, response: Response, started: float) -> None:
+        self.server.latency.observe(cmd.code, time.perf_counter() - started)
+        if response is None or cmd.flag & FLAG_ONEWAY:
+            return
+        if isinstance(response, bytes):
+            self._send_frame(response)
+        else:
             self.send_response(response)
 
     # -- output --
@@ -234,6 +237,17 @@ class Connection(asyncio.Protocol):
             n += len(body)
         self.server.stats.bytes_out += n
         if len(out) <= 2:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _send_frame(self, frame: bytes) -> None:
+        """Queue a complete encoded frame, like :meth:`send_response`."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            return
+        out = self._out
+        out.append(frame)
+        self.server.stats.bytes_out += len(frame)
+        if len(out) == 1:
             asyncio.get_running_loop().call_soon(self._flush_out)
 
     def _flush_out(self) -> None:
@@ -275,7 +289,7 @@ class RemotingServer:
         self.stats = stats if stats is not None else RemotingStats()
         self.handlers: dict[int, Handler] = {}
         self.connections: set[Connection] = set()
-        self.latency_observer: LatencyObserver | None = None
+        self.latency = RequestLatency()
         self._server: asyncio.Server | None = None
 
     def register(self, code: int, handler: Handler) -> None:

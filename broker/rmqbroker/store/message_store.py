@@ -111,7 +111,6 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = 8
 
 
-@dataclass(slots=True)
 class MessageInner:
     """A message to store, as the send processor prepared it.
 
@@ -122,19 +121,29 @@ class MessageInner:
     ``tags_code`` overrides the hash of TAGS; ``store_host`` overrides the configured store host.
     """
 
-    topic: str
-    queue_id: int
-    flag: int
-    body: bytes
-    properties: dict[str, str] = field(default_factory=dict)
-    sys_flag: int = 0
-    born_timestamp: int = 0
-    born_host: tuple[str, int] = ("127.0.0.1", 0)
-    reconsume_times: int = 0
-    tags_code: int | None = None
-    store_host: tuple[str, int] | None = None
-    prepared_transaction_offset: int = 0
-    properties_string: str | None = None
+    # A plain class, not a dataclass: one is built per stored message, and mypyc compiles this
+    # __init__ (a dataclass's generated one stays interpreted).
+    def __init__(self, topic: str, queue_id: int, flag: int, body: bytes, properties: dict[str, str] | None = None,
+                 sys_flag: int = 0, born_timestamp: int = 0, born_host: tuple[str, int] = ("127.0.0.1", 0),
+                 reconsume_times: int = 0, tags_code: int | None = None, store_host: tuple[str, int] | None = None,
+                 prepared_transaction_offset: int = 0, properties_string: str | None = None) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.flag = flag
+        self.body = body
+        self.properties: dict[str, str] = properties if properties is not None else {}
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.born_host = born_host
+        self.reconsume_times = reconsume_times
+        self.tags_code = tags_code
+        self.store_host = store_host
+        self.prepared_transaction_offset = prepared_transaction_offset
+        self.properties_string = properties_string
+
+    def __repr__(self) -> str:
+        return (f"MessageInner(topic={self.topic!r}, queue_id={self.queue_id}, body={len(self.body)}B, "
+                f"properties={self.properties!r}, sys_flag={self.sys_flag})")
 
 
 @dataclass(slots=True)
@@ -156,20 +165,30 @@ class MessageBatchInner:
     entries: list[BatchEntry] | None = None
 
 
-@dataclass(slots=True)
 class PutResult:
-    """Outcome of a put.  For a batch, offsets/ids describe all messages (ids comma-joined)."""
+    """Outcome of a put.  For a batch, offsets/ids describe all messages (ids comma-joined).
 
-    status: PutMessageStatus
-    wrote_offset: int = 0
-    wrote_bytes: int = 0
-    msg_id: str = ""
-    queue_offset: int = 0
-    store_timestamp: int = 0
-    msg_num: int = 0
-    # Where the message really went: SCHEDULE_TOPIC_XXXX / level-1 for a delayed message.
-    topic: str = ""
-    queue_id: int = 0
+    ``topic``/``queue_id`` say where the message really went: SCHEDULE_TOPIC_XXXX / level-1 for
+    a delayed message.
+    """
+
+    # A plain class for mypyc, like MessageInner: one per put.
+    def __init__(self, status: PutMessageStatus, wrote_offset: int = 0, wrote_bytes: int = 0, msg_id: str = "",
+                 queue_offset: int = 0, store_timestamp: int = 0, msg_num: int = 0, topic: str = "",
+                 queue_id: int = 0) -> None:
+        self.status = status
+        self.wrote_offset = wrote_offset
+        self.wrote_bytes = wrote_bytes
+        self.msg_id = msg_id
+        self.queue_offset = queue_offset
+        self.store_timestamp = store_timestamp
+        self.msg_num = msg_num
+        self.topic = topic
+        self.queue_id = queue_id
+
+    def __repr__(self) -> str:
+        return (f"PutResult({self.status.name}, wrote_offset={self.wrote_offset}, wrote_bytes={self.wrote_bytes}, "
+                f"msg_id={self.msg_id!r}, queue_offset={self.queue_offset}, msg_num={self.msg_num})")
 
     @property
     def ok(self) -> bool:

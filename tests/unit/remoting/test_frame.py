@@ -16,6 +16,7 @@ from rmqbroker.remoting.frame import (
     RemotingCommand,
     decode_frame_payload,
     encode_frame,
+    encode_json_response,
 )
 from rmqbroker.remoting.wire import Header, HeaderError, normalize_send_v2
 
@@ -140,3 +141,20 @@ def test_round_trip(code: int, opaque: int, flag: int, remark: str | None, ext: 
     assert (back.code, back.opaque, back.flag, back.remark, back.ext_fields, back.body) == (
         code, opaque, flag, remark, ext, body)
     assert (back.language, back.version, back.serialize_type) == ("CPP", 63, stype)
+
+
+def test_prebuilt_json_response_is_the_encoders_frame() -> None:
+    """The send path's ready-made success frame must be byte-identical to what the general
+    encoder writes for the same response (codes, opaques and members vary)."""
+    request = RemotingCommand(310, opaque=0, ext_fields={"a": "g"})
+    for code, opaque in ((0, 0), (0, 7), (10, 2**31 - 1), (12, -5)):
+        request.opaque = opaque
+        ext = {"msgId": "7F00000100002A9F0000000000001234", "queueId": "3", "queueOffset": "42",
+               "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+        members = ",".join(f'"{k}":"{v}"' for k, v in ext.items())
+        resp = request.make_response(code, None, ext_fields=ext)
+        assert encode_json_response(code, opaque, members) == encode_frame(resp)
+        resp.ext_json = members
+        assert encode_json_response(code, opaque, members) == encode_frame(resp)
+        decoded = decode_frame_payload(encode_json_response(code, opaque, members)[4:])
+        assert (decoded.code, decoded.opaque, decoded.ext_fields, decoded.is_response) == (code, opaque, ext, True)
