@@ -85,7 +85,6 @@ class Broker:
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx)):
             proc.register(self.server)
-        self.store.add_arrival_listener(self.pull.holds.on_arrival)
         self.topics.add_change_listener(self._topic_changed)
         self.outer = BrokerOuterApi()
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,

@@ -165,7 +165,15 @@ class PullHoldService:
         self._held: dict[tuple[str, int], list[_HeldPull]] = {}
 
     def hold(self, topic: str, queue_id: int, req: _HeldPull) -> None:
+        if not self._held:
+            # Listen to arrivals only while a pull is parked: sends cost nothing extra otherwise.
+            self.processor.ctx.store.add_arrival_listener(self.on_arrival)
         self._held.setdefault((topic, queue_id), []).append(req)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        del self._held[key]
+        if not self._held:
+            self.processor.ctx.store.remove_arrival_listener(self.on_arrival)
 
     @property
     def held_count(self) -> int:
@@ -182,7 +190,7 @@ class PullHoldService:
             return
         self._held[key] = [r for r in waiting if max_offset <= r.offset]
         if not self._held[key]:
-            del self._held[key]
+            self._forget(key)
         # Answer after the put that triggered us has returned: the send stays fast.
         asyncio.get_running_loop().call_soon(self._answer, ready)
 
@@ -216,6 +224,6 @@ class PullHoldService:
             if keep:
                 self._held[key] = keep
             else:
-                del self._held[key]
+                self._forget(key)
         if due:
             self._answer(due)

@@ -121,10 +121,6 @@ def _new_command(code: int, opaque: int, flag: int, remark: str | None, ext_fiel
                            language=language, version=version, serialize_type=serialize_type)
 
 
-# The only extFields value type a header usually carries (see _decode_json_header).
-_STR_ONLY = frozenset({str})
-
-
 def _ext_value(value: Any) -> str:
     # The C++ client sends some header fields as JSON numbers and booleans; Java coerces them
     # into strings, and so must we, so processors only ever see strings.
@@ -139,38 +135,42 @@ def _ext_value(value: Any) -> str:
 
 def _decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
     try:
-        obj = _json_loads(bytes(raw))
+        parsed = _json_loads(bytes(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         raise FrameError(f"header is not valid JSON: {exc}") from exc
-    if type(obj) is not dict:
+    if type(parsed) is not dict:
         raise FrameError("header JSON is not an object")
-    get = obj.get
-    code = get("code")
-    opaque = get("opaque", 0)
-    flag = get("flag", 0)
-    version = get("version", 0)
+    # Typed as a dict from here on: compiled, every lookup below is a direct dict access.
+    obj: dict[str, Any] = parsed
+    code = obj.get("code")
+    opaque = obj.get("opaque", 0)
+    flag = obj.get("flag", 0)
+    version = obj.get("version", 0)
     # ``type(x) is int`` rejects bools too, which isinstance would let through.
     if type(code) is not int or type(opaque) is not int or type(flag) is not int or type(version) is not int:
         for name, value in (("code", code), ("opaque", opaque), ("flag", flag), ("version", version)):
             if type(value) is not int:
                 raise FrameError(f"header field {name!r} must be an integer, got {value!r}")
-    remark = get("remark")
+    remark = obj.get("remark")
     if remark is not None and type(remark) is not str:
         raise FrameError("header field 'remark' must be a string")
-    language = get("language", "JAVA")
+    language = obj.get("language", "JAVA")
     if type(language) is not str:
         raise FrameError("header field 'language' must be a string")
-    ext_raw = get("extFields")
+    ext_raw = obj.get("extFields")
     ext: dict[str, str]
     if ext_raw is None:
         ext = {}
     elif type(ext_raw) is not dict:
         raise FrameError("header field 'extFields' must be an object")
-    elif set(map(type, ext_raw.values())) <= _STR_ONLY:
-        # The common case, already all strings (map(type) runs in C, unlike a generator).
-        ext = ext_raw
     else:
-        ext = {k: _ext_value(v) for k, v in ext_raw.items() if v is not None}
+        fields: dict[str, Any] = ext_raw
+        ext = ext_raw
+        for value in fields.values():
+            if type(value) is not str:
+                # Rare (C++ numbers and booleans): coerce a copy, so processors only see strings.
+                ext = {k: _ext_value(v) for k, v in fields.items() if v is not None}
+                break
     return _new_command(cast(int, code), cast(int, opaque), cast(int, flag), remark, ext, b"", language,
                         cast(int, version), SERIALIZE_JSON)
 

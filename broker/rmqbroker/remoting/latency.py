@@ -6,8 +6,6 @@ the admin endpoint turns a snapshot into a Prometheus histogram at scrape time.
 
 from __future__ import annotations
 
-import bisect
-
 # Upper bounds in seconds; one more bucket counts everything above the last bound.
 LATENCY_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
@@ -24,7 +22,13 @@ class RequestLatency:
         if counts is None:
             counts = self._counts[code] = [0] * (len(LATENCY_BUCKETS) + 1)
             self._sums[code] = 0.0
-        counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        # First bound >= seconds (bisect_left), as a compiled loop over native floats.
+        i = 0
+        for bound in LATENCY_BUCKETS:
+            if seconds <= bound:
+                break
+            i += 1
+        counts[i] += 1
         self._sums[code] += seconds
 
     def snapshot(self) -> dict[int, tuple[list[int], float]]:

@@ -563,13 +563,11 @@ class MessageStore:
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
         """Call ``listener(topic, queue_id, new_max_offset)`` after every consume-queue write."""
-        self._listeners.append(listener)
+        # Copy on write: a listener may add or remove listeners while being notified.
+        self._listeners = [*self._listeners, listener]
 
     def remove_arrival_listener(self, listener: ArrivalListener) -> None:
-        try:
-            self._listeners.remove(listener)
-        except ValueError:
-            pass
+        self._listeners = [cb for cb in self._listeners if cb != listener]
 
     # =================================================================================== puts ===
     def append_message(self, msg: MessageInner) -> PutResult:
