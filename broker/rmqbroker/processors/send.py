@@ -7,10 +7,12 @@ is touched, so a rejected send never leaves bytes behind.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import zlib
 from collections.abc import Awaitable
+from typing import Final
 
 from rmqbroker.metadata.topics import (
     PERM_READ,
@@ -31,6 +33,13 @@ from rmqbroker.remoting.wire import Header, normalize_send_v2
 from rmqbroker.store import record as rec
 from rmqbroker.store.errors import CorruptRecordError
 from rmqbroker.store.message_store import MessageBatchInner, MessageInner, PutMessageStatus, PutResult
+from rmqbroker.store.record import CLUSTER, MULTI_TAGS, PROPERTY_SEPARATOR, WAIT, decode_properties
+
+# Request and response codes as plain module constants: compiled, an IntEnum member access is a
+# generic attribute lookup on every message.
+_SEND_MESSAGE: Final = int(RequestCode.SEND_MESSAGE)
+_SEND_BATCH_MESSAGE: Final = int(RequestCode.SEND_BATCH_MESSAGE)
+_SUCCESS: Final = int(ResponseCode.SUCCESS)
 
 # What a send answers with: a response command, or (JSON success) the encoded frame itself.
 Answer = RemotingCommand | bytes
@@ -101,7 +110,7 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
     the validating V1 path, which gives the same values or the HeaderError remark.
     """
     ext = cmd.ext_fields
-    if cmd.code == RequestCode.SEND_MESSAGE:
+    if cmd.code == _SEND_MESSAGE:
         return _send_header_checked(ext)
     try:
         # Same semantics as Header: int() of the string; optional ints default when absent or "".
@@ -142,7 +151,7 @@ class SendMessageProcessor:
     def _check(self, topic: str, queue_id: int, default_topic: str, default_nums: int, sys_flag: int,
                remote: str) -> TopicConfig:
         ctx = self.ctx
-        if ctx.is_slave:
+        if ctx.role == "SLAVE":  # ctx.is_slave without the property call, once per message
             raise SendRejected(ResponseCode.SERVICE_NOT_AVAILABLE,
                                "service not available now: this broker is a SLAVE and does not accept sends")
         if not ctx.settings.brokerPermission & PERM_WRITE:
@@ -187,28 +196,28 @@ class SendMessageProcessor:
          max_reconsume_times, batch_raw, props_raw) = _send_header(cmd)
         # The C++ client marks batches with "1", which Java's parseBoolean reads as false (storing the
         # whole batch as one message, rocketmq-client-cpp #189); unpacking is what its users expect.
-        is_batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or (
+        is_batch = cmd.code == _SEND_BATCH_MESSAGE or (
             batch_raw is not None and batch_raw.lower() in ("true", "1"))
         try:
             tc = self._check(topic, queue_id, default_topic, default_queue_nums, sys_flag, conn.remote_addr)
             if queue_id < 0:
                 queue_id = random.randrange(max(tc.write_queue_nums, 1))
-            props = rec.decode_properties(props_raw)
+            props = decode_properties(props_raw)
             # The stored properties are encode_properties(props + CLUSTER). When the producer's
             # string already is what re-encoding would give (every segment kept, no duplicate
             # names; Java and C++ clients add one trailing separator) and has no CLUSTER, that is
             # the string plus CLUSTER appended: store it as it is instead of encoding the dict.
             props_string: str | None = None
-            body_str = props_raw[:-1] if props_raw.endswith(rec.PROPERTY_SEPARATOR) else props_raw
-            if len(props) == body_str.count(rec.PROPERTY_SEPARATOR) + 1 and rec.CLUSTER not in props:
+            body_str = props_raw[:-1] if props_raw.endswith(PROPERTY_SEPARATOR) else props_raw
+            if len(props) == body_str.count(PROPERTY_SEPARATOR) + 1 and CLUSTER not in props:
                 props_string = f"{body_str}{self._cluster_suffix}"
             if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not is_batch:
                 topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times, max_reconsume_times,
                                                      cmd.version, props)
                 props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
             if tc.topic_filter_type == "MULTI_TAG":
-                sys_flag |= rec.MULTI_TAGS
-            props[rec.CLUSTER] = self._cluster
+                sys_flag |= MULTI_TAGS
+            props[CLUSTER] = self._cluster
             body = bytes(cmd.body)
             born_host = (conn.remote_host, conn.remote_port)
             store = self.ctx.store
@@ -224,25 +233,24 @@ class SendMessageProcessor:
         except SendRejected as exc:
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
-        wait = props.get(rec.WAIT) != "false"
+        wait = props.get(WAIT) != "false"
         replicated = store.replication_future(result, wait)
         if replicated is not None:
             # SYNC_MASTER with ASYNC_FLUSH: answer from the ack's callback (no task per send).
             answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-            replicated.add_done_callback(
-                lambda f: answer.set_result(self._replicated(f, cmd, result, queue_id)))
+            replicated.add_done_callback(functools.partial(self._replicated, answer, cmd, result, queue_id))
             return answer
         pending = store.durability_wait(result, wait)
         if pending is None:
             return self._response(cmd, result, queue_id, len(cmd.body))
         return self._respond_after(pending, cmd, result, queue_id)
 
-    def _replicated(self, fut: asyncio.Future[PutMessageStatus], cmd: RemotingCommand, result: PutResult,
-                    queue_id: int) -> Answer:
+    def _replicated(self, answer: asyncio.Future[Answer], cmd: RemotingCommand, result: PutResult, queue_id: int,
+                    fut: asyncio.Future[PutMessageStatus]) -> None:
         status = fut.result() if not fut.cancelled() else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
         if status is not PutMessageStatus.PUT_OK:
             result.status = status
-        return self._response(cmd, result, queue_id, len(cmd.body))
+        answer.set_result(self._response(cmd, result, queue_id, len(cmd.body)))
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> Answer:
@@ -292,7 +300,7 @@ class SendMessageProcessor:
         code: int
         remark: str | None
         if status is _PUT_OK:
-            code, remark, filled = ResponseCode.SUCCESS, None, True
+            code, remark, filled = _SUCCESS, None, True
         else:
             code, remark, filled = _PUT_STATUS[status]
         if not filled:

@@ -125,8 +125,9 @@ class Connection(asyncio.Protocol):
         pos = 0
         end = len(data)
         while end - pos >= 4:
-            (length,) = _LENGTH.unpack_from(data, pos)
-            if length < 4 or length + 4 > MAX_FRAME_BYTES:
+            # The big-endian length field from four byte reads: compiled, no tuple per frame.
+            length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+            if length < 4 or length + 4 > MAX_FRAME_BYTES:  # a negative int32 is >= 2**31 here
                 self._malformed("bad_length", f"frame length {length}")
                 return
             frame_end = pos + 4 + length

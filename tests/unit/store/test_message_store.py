@@ -284,8 +284,9 @@ async def test_async_flush(store: MessageStore) -> None:
             break
         await asyncio.sleep(0.01)
     assert store.flushed_phy_offset() == store.max_phy_offset()
-    for _ in range(200):  # the consume-queue flusher writes the checkpoint
-        if store.checkpoint.logics_msg_timestamp:
+    for _ in range(200):  # the consume-queue flusher sets the values, then writes the file
+        path = store.checkpoint.path
+        if store.checkpoint.logics_msg_timestamp and path.exists() and path.stat().st_size:
             break
         await asyncio.sleep(0.01)
     assert store.checkpoint.physic_msg_timestamp == r.store_timestamp
