@@ -9,6 +9,19 @@ import pytest
 
 from tests.support.procs import BrokerProc, Namesrv, Proc
 
+BROKER_SRC = Path(__file__).resolve().parents[1] / "broker" / "rmqbroker"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test mypyc extensions older than their sources: the stale binary, not the edited
+    module, is what every broker process would import."""
+    stale = [str(so.relative_to(BROKER_SRC.parent)) for so in BROKER_SRC.rglob("*.so")
+             if (src := so.with_name(so.name.split(".", 1)[0] + ".py")).exists()
+             and src.stat().st_mtime > so.stat().st_mtime]
+    if stale:
+        pytest.exit(f"compiled modules older than their sources: {', '.join(stale)}; rebuild them with "
+                    "`make venv` (or `.venv/bin/pip install --no-deps --no-build-isolation -e .`)", returncode=2)
+
 
 class Cluster:
     """Processes started by one test; all stopped (and logs attached on failure) afterwards."""
