@@ -45,6 +45,6 @@ def test_pure_python_sources_pass_the_codec_and_store_tests(tmp_path: Path) -> N
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          "tests/unit/remoting", "tests/unit/store"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{pure}{os.pathsep}{ROOT}"},
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert re.search(r"\d+ passed", run.stdout)
