@@ -646,8 +646,8 @@ class MessageStore:
             if self._listeners:
                 self._notify(topic, queue_id, qoff + 1)
         self._reput_offset = phy + size
-        # "%016X" formats about twice as fast as an f-string format spec; once per message.
-        msg_id = (self._msg_id_prefix + "%016X" % phy if msg.store_host is None  # noqa: UP031
+        # Upper-case hex of the 8-byte offset: two C calls, several times cheaper than "{:016X}".
+        msg_id = (self._msg_id_prefix + phy.to_bytes(8, "big").hex().upper() if msg.store_host is None
                   else offset_msg_id(store_host[0], store_host[1], phy))
         return PutResult(_PUT_OK, phy, size, msg_id, qoff, store_ts, 1, topic, queue_id)
 
