@@ -242,6 +242,8 @@ class MessageStore:
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
+        # Read twice per put; the config is frozen, its property is not compiled.
+        self._sync_flush = config.sync_flush
         self.commitlog = CommitLog(config.commit_log_dir, config.mapped_file_size_commit_log)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._abort = AbortMarker(config.abort_path)
@@ -735,7 +737,7 @@ class MessageStore:
         """
         if result.status is not _PUT_OK:
             return None
-        if self.config.sync_flush or (wait and self.replication_hook is not None):
+        if self._sync_flush or (wait and self.replication_hook is not None):
             return self._await_durability(result, wait)
         return None
 
@@ -744,7 +746,7 @@ class MessageStore:
         the put needs nothing more (the caller answers at once) or needs :meth:`durability_wait`.
         """
         hook = self.replication_hook
-        if result.status is not _PUT_OK or self.config.sync_flush or not wait or hook is None:
+        if result.status is not _PUT_OK or self._sync_flush or not wait or hook is None:
             return None
         return hook(result.end_offset)
 
