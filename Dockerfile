@@ -36,9 +36,12 @@ RUN groupadd --gid 10001 rmq \
  && useradd --uid 10001 --gid 10001 --home-dir /home/rmq --create-home --shell /usr/sbin/nologin rmq \
  && install -d -o 10001 -g 10001 -m 0750 /data
 
-# Install the host-built wheels from a bind mount, so they never become an image layer.
+# Install the host-built wheels from a bind mount, so they never become an image layer. The mount is
+# not part of the layer cache key: WHEELS_SHA (the wheels' digest, set by `make image`) is.
+ARG WHEELS_SHA=unset
 RUN --mount=type=bind,source=build/image/wheels,target=/tmp/wheels \
-    python3 -m venv /opt/rmq \
+    echo "wheels ${WHEELS_SHA}" \
+ && python3 -m venv /opt/rmq \
  && /opt/rmq/bin/pip install --no-cache-dir --no-index --find-links=/tmp/wheels /tmp/wheels/*.whl \
  && /opt/rmq/bin/pip check \
  && command -v rmq-broker rmq-namesrv

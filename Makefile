@@ -96,8 +96,11 @@ image-base: image-deps $(PODMAN_CONF)
 	  rm -rf $(IMAGE_BUILD_DIR)/base-rootfs; fi
 
 ## The one image (broker, nameserver, operator, verification job). Slow: not part of `make test`.
+# WHEELS_SHA: a bind mount is not part of the layer cache key, so the wheels' digest is passed in
+# to rebuild the install layer whenever they change.
 image: wheels image-base
-	$(PODMAN) build --pull=never --format docker -t $(IMAGE) .
+	$(PODMAN) build --pull=never --format docker \
+	  --build-arg WHEELS_SHA=$$(cat $(IMAGE_BUILD_DIR)/wheels/*.whl | sha256sum | cut -c1-16) -t $(IMAGE) .
 
 ## Build, then check in a container: entrypoints present, broker answers /healthz.
 image-smoke: image
