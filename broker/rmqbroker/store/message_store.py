@@ -1074,6 +1074,15 @@ class MessageStore:
             self._reput_offset = phy_offset
         return self.commitlog.reserve_raw(phy_offset, n)
 
+    def raw_segment(self, phy_offset: int) -> MappedFile:
+        """Segment for a replicated append copied in by the caller (see :meth:`CommitLog.raw_segment`)."""
+        if not self._running:
+            raise StoreError("store is not running")
+        if self.commitlog.max_offset() == 0 and not self.commitlog.raw_pending:
+            # An empty log starts wherever the master's stream starts.
+            self._reput_offset = phy_offset
+        return self.commitlog.raw_segment(phy_offset)
+
     def commit_raw(self, end: int) -> None:
         """Replicated bytes up to ``end`` are written; consume queues follow via :meth:`dispatch_some`."""
         self.commitlog.commit_raw(end)
