@@ -44,6 +44,8 @@ CONNECT_TIMEOUT = 3.0
 # Receive buffer for headers and small bodies; bodies longer than SPLICE_MIN go through a pipe.
 RECV_BUFFER = 256 * 1024
 SPLICE_MIN = 64 * 1024
+# Pieces up to this size are copied through the segment's mapping instead of pwrite().
+INLINE_COPY_MAX = 16 * 1024
 # Segment blocks are allocated this far ahead of the copy.
 ALLOCATE_AHEAD = 64 * 1024 * 1024
 PIPE_SIZE = 1024 * 1024
@@ -57,17 +59,19 @@ RECV_POLL = 0.25
 #   0  long  seconds
 #   8  long  microseconds
 TIMEVAL = struct.Struct("@ll")
-# Consume-queue dispatch pacing. During a catch-up (the master sends frames larger than
-# SPLICE_MIN) only BUSY_DISPATCH_SLICE every BUSY_DISPATCH_PERIOD: every slice holds the GIL the
-# receiver thread needs between its system calls, and on two cores it also takes CPU from the
-# copy. While a live stream flows, slices grow with the backlog (up to IDLE_DISPATCH_SLICE, and
-# without pause beyond MAX_DISPATCH_LAG) so consume queues keep up with any sustained rate; once
-# the stream pauses, everything is dispatched in IDLE_DISPATCH_SLICE steps.
+# Consume-queue dispatch pacing. Every dispatch slice holds the GIL, which the receiver thread
+# needs briefly after each of its system calls (and once the holder runs Python, a waiting thread
+# gets it only after the 1 ms switch interval), so slices stay short and are followed by a real
+# pause while bytes arrive: during a catch-up (frames larger than SPLICE_MIN) a trickle of
+# CATCHUP_DISPATCH_SLICE every DISPATCH_PERIOD; during a live stream up to LIVE_DISPATCH_SLICE
+# (~0.5 ms) every DISPATCH_PERIOD (room for ~60 MB/s of 1 KiB records), with no pause beyond
+# MAX_DISPATCH_LAG; once the stream pauses, IDLE_DISPATCH_SLICE steps back to back.
 STREAM_BUSY_SECONDS = 0.002
 CATCHUP_LINGER_SECONDS = 0.25
-BUSY_DISPATCH_PERIOD = 0.005
-BUSY_DISPATCH_SLICE = 64 * 1024
-IDLE_DISPATCH_SLICE = 1024 * 1024
+DISPATCH_PERIOD = 0.002
+CATCHUP_DISPATCH_SLICE = 32 * 1024
+LIVE_DISPATCH_SLICE = 128 * 1024
+IDLE_DISPATCH_SLICE = 256 * 1024
 MAX_DISPATCH_LAG = 512 * 1024 * 1024
 
 
@@ -137,6 +141,7 @@ class _Receiver:
         self.stopping = False
         self.streaming = False
         self.bulk = False  # the last frame was large
+        self.drained = False  # the last receive returned less than asked for
         self.buf = bytearray(RECV_BUFFER)
         self.view = memoryview(self.buf)
         self.start = 0  # first unparsed byte of buf
@@ -147,6 +152,7 @@ class _Receiver:
         self.last_read = time.monotonic()
         self.segment: MappedFile | None = None
         self.allocated = 0  # segment blocks are allocated up to this commitlog offset
+        self.precreated = 0  # the segment starting here was requested ahead of the stream
         self.pipe: tuple[int, int] | None = None
         # Loop-side commit hand-off.
         self.pending_end = 0
@@ -166,6 +172,17 @@ class _Receiver:
         if end > self.committed_end:
             self.committed_end = end
             self.client.committed(end)
+
+    def _precreate(self, start: int) -> None:
+        """Loop: create the segment starting at ``start`` ahead of the stream (never the first
+        one of an empty log, which :meth:`MessageStore.raw_segment` would start over)."""
+        store = self.client.store
+        if self.stopping or store.max_phy_offset() == 0:
+            return
+        try:
+            store.raw_segment(start)
+        except StoreError as exc:
+            log.warning("cannot create the commitlog segment at %d ahead of the stream: %s", start, exc)
 
     # -- thread side: handshake --
     def epoch_query(self) -> bytes:
@@ -259,6 +276,12 @@ class _Receiver:
             mf = self.segment = self._on_loop(pos)
             self.allocated = pos
         end = mf.file_from_offset + mf.file_size
+        if self.precreated < end and pos - mf.file_from_offset > mf.file_size // 2:
+            # Creating a segment fsyncs the directory: have the loop do it for the next one early,
+            # so that the stream does not wait for it at the boundary.
+            self.precreated = end
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._precreate, end)
         if pos + SPLICE_MIN > self.allocated and self.allocated < end:
             upto = min(end, max(pos, self.allocated) + ALLOCATE_AHEAD)
             if not _allocate(mf.fd, self.allocated - mf.file_from_offset, upto - self.allocated):
@@ -291,10 +314,17 @@ class _Receiver:
         while data:
             mf, room = self._segment_for(pos)
             k = min(len(data), room)
-            try:
-                n = os.pwrite(mf.fd, data[:k], pos - mf.file_from_offset)
-            except OSError as exc:
-                raise StoreError(f"commitlog write at {pos} failed: {exc}") from exc
+            rel = pos - mf.file_from_offset
+            if k <= INLINE_COPY_MAX:
+                # A tail piece: copied into the mapping while holding the GIL, rather than a
+                # system call that gives the GIL up and may wait behind the loop to get it back.
+                mf.mm[rel:rel + k] = data[:k]
+                n = k
+            else:
+                try:
+                    n = os.pwrite(mf.fd, data[:k], rel)
+                except OSError as exc:
+                    raise StoreError(f"commitlog write at {pos} failed: {exc}") from exc
             pos += n
             data = data[n:]
 
@@ -355,16 +385,21 @@ class _Receiver:
             elif len(self.buf) - self.start < need:
                 self.buf[:self.end - self.start] = self.buf[self.start:self.end]
                 self.start, self.end = 0, self.end - self.start
-            want = need - (self.end - self.start) if exact else 0
-            try:
-                n = self.sock.recv_into(self.view[self.end:], want, socket.MSG_DONTWAIT)
-            except BlockingIOError:
+            space = need - (self.end - self.start) if exact else len(self.buf) - self.end
+            n = -1
+            if not self.drained:
+                with contextlib.suppress(BlockingIOError):
+                    n = self.sock.recv_into(self.view[self.end:], space, socket.MSG_DONTWAIT)
+            if n < 0:
                 # About to wait: the master learns about everything written so far first.
                 if report and self.written > self.reported:
                     self._report()
-                n = self._recv_blocking(want)
+                n = self._recv_blocking(space)
             if not n:
                 raise ConnectionError("master closed the connection")
+            # A short read emptied the socket: the next receive would wait, so the report goes
+            # out before it without probing first (a tailing slave acks after one read + copy).
+            self.drained = n < space
             self.last_read = time.monotonic()
             self.end += n
 
@@ -451,7 +486,6 @@ class HAClient:
         keeps up with the master; once the stream pauses it catches up in large slices.
         """
         store = self.store
-        last_slice = 0.0
         while True:
             behind = store.dispatch_behind()
             if behind <= 0:
@@ -464,14 +498,9 @@ class HAClient:
             if not streaming or (behind > MAX_DISPATCH_LAG and not catchup):
                 store.dispatch_some(IDLE_DISPATCH_SLICE)
                 await asyncio.sleep(0)
-            elif now - last_slice >= BUSY_DISPATCH_PERIOD:
-                budget = BUSY_DISPATCH_SLICE if catchup else min(max(BUSY_DISPATCH_SLICE, behind // 2),
-                                                                 IDLE_DISPATCH_SLICE)
-                store.dispatch_some(budget)
-                last_slice = now
-                await asyncio.sleep(0)
             else:
-                await asyncio.sleep(STREAM_BUSY_SECONDS)
+                store.dispatch_some(CATCHUP_DISPATCH_SLICE if catchup else LIVE_DISPATCH_SLICE)
+                await asyncio.sleep(DISPATCH_PERIOD)
 
     # -- connection loop --
     async def _run(self) -> None:
