@@ -210,12 +210,20 @@ async def _sender(addr: str, topic: str, body: bytes, rate: float, seconds: floa
     await client.close()
 
 
-def bench_lag(work: Path, seconds: float, rate: float) -> dict[str, Any]:
-    """Steady ``rate`` sends; the master measures append -> first slave ack per append."""
-    master = BrokerProc(work, None, name="bench-lag")
+def bench_lag(work: Path, seconds: float, rate: float, test_segments: bool = False) -> dict[str, Any]:
+    """Steady ``rate`` sends; the master measures append -> first slave ack per append.
+
+    Brokers use the default segment sizes (1 GiB commitlog, 6,000,000-byte consume queues), like
+    ``catchup``; ``test_segments`` keeps the test helper's 16 MiB / 60,000-byte segments (a new
+    commitlog segment every ~3 s at this rate, each created on the event loop with a directory
+    fsync), as the runs before 2026-11-22 05:45 did.
+    """
+    sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
+                                                      "mappedFileSizeConsumeQueue": 6000000}
+    master = BrokerProc(work, None, name="bench-lag", **sizes)
     master.start()
     slave = BrokerProc(work, None, name="bench-lag", broker_id=1, role="SLAVE",
-                       haMasterAddress=f"127.0.0.1:{master.port + 1}")
+                       haMasterAddress=f"127.0.0.1:{master.port + 1}", **sizes)
     slave.start()
     acks: list[tuple[int, float]] = []
     try:
@@ -229,6 +237,7 @@ def bench_lag(work: Path, seconds: float, rate: float) -> dict[str, Any]:
         slave.stop()
         master.stop()
     return {"target_rate": rate, "achieved_rate": achieved, "sent": len(acks),
+            "segments": "test (16 MiB / 60,000 B)" if test_segments else "default (1 GiB / 6,000,000 B)",
             **{f"lag_{k}": v for k, v in lag.items()},
             "note": "lag = time from the master's append to the first slave ack covering it (master-side)"}
 
@@ -328,6 +337,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--producers", type=int, default=16)
+    parser.add_argument("--test-segments", action="store_true",
+                        help="lag: the test helper's small segments instead of the broker defaults")
     parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
                         help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
@@ -339,7 +350,7 @@ def main() -> None:
             print(json.dumps(results["catchup"]), flush=True)
         if args.which in ("lag", "all"):
             (work / "l").mkdir()
-            results["lag"] = bench_lag(work / "l", args.seconds, args.rate)
+            results["lag"] = bench_lag(work / "l", args.seconds, args.rate, test_segments=args.test_segments)
             print(json.dumps(results["lag"]), flush=True)
         if args.which in ("syncasync", "all"):
             (work / "s").mkdir()

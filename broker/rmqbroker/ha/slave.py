@@ -63,14 +63,16 @@ TIMEVAL = struct.Struct("@ll")
 # needs briefly after each of its system calls (and once the holder runs Python, a waiting thread
 # gets it only after the 1 ms switch interval), so slices stay short and are followed by a real
 # pause while bytes arrive: during a catch-up (frames larger than SPLICE_MIN) a trickle of
-# CATCHUP_DISPATCH_SLICE every DISPATCH_PERIOD; during a live stream up to LIVE_DISPATCH_SLICE
-# (~0.5 ms) every DISPATCH_PERIOD (room for ~60 MB/s of 1 KiB records), with no pause beyond
-# MAX_DISPATCH_LAG; once the stream pauses, IDLE_DISPATCH_SLICE steps back to back.
-STREAM_BUSY_SECONDS = 0.002
+# CATCHUP_DISPATCH_SLICE every DISPATCH_PERIOD; during a live stream half the backlog, within
+# [MIN_DISPATCH_SLICE, LIVE_DISPATCH_SLICE (~0.5 ms)], every DISPATCH_PERIOD (room for ~60 MB/s
+# of 1 KiB records), with no pause beyond MAX_DISPATCH_LAG; once the stream pauses,
+# IDLE_DISPATCH_SLICE steps back to back. Each round also commits what the receiver wrote.
+STREAM_BUSY_SECONDS = 0.005
 CATCHUP_LINGER_SECONDS = 0.25
 DISPATCH_PERIOD = 0.002
 CATCHUP_DISPATCH_SLICE = 32 * 1024
 LIVE_DISPATCH_SLICE = 128 * 1024
+MIN_DISPATCH_SLICE = 16 * 1024
 IDLE_DISPATCH_SLICE = 256 * 1024
 MAX_DISPATCH_LAG = 512 * 1024 * 1024
 
@@ -369,7 +371,11 @@ class _Receiver:
         self.last_report = time.monotonic()
         if written > self.pending_end:
             self.pending_end = written
-            if not self.commit_scheduled:
+            client = self.client
+            client.last_append = self.last_report
+            # While the reput task polls (a stream is flowing) it commits on its own; waking the
+            # loop for every ack would only make it take the GIL this thread needs next.
+            if not client.polling and not self.commit_scheduled:
                 self.commit_scheduled = True
                 try:
                     self.loop.call_soon_threadsafe(self.commit)
@@ -441,9 +447,12 @@ class HAClient:
         self._reput_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._appended = asyncio.Event()
+        # Written by the receiver thread too (float stores, atomic under the GIL).
         self.last_append = 0.0
-        # Written by the receiver thread (a float store, atomic under the GIL).
         self.catchup_until = 0.0
+        # Whether the reput task polls the receiver for commits (read by the receiver thread).
+        self.polling = False
+        self._receiver: _Receiver | None = None
         # The receiver thread: one connection at a time, so one thread.
         self.receiver_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ha-recv")
 
@@ -487,10 +496,18 @@ class HAClient:
         """
         store = self.store
         while True:
+            self._commit_received()
             behind = store.dispatch_behind()
             if behind <= 0:
+                # Nothing to dispatch: stop polling the receiver, which then wakes us per commit
+                # (after one more look, for a commit it skipped while we were still polling).
+                self.polling = False
+                if self._commit_received():
+                    self.polling = True
+                    continue
                 self._appended.clear()
                 await self._appended.wait()
+                self.polling = True
                 continue
             now = time.monotonic()
             catchup = now < self.catchup_until
@@ -499,8 +516,18 @@ class HAClient:
                 store.dispatch_some(IDLE_DISPATCH_SLICE)
                 await asyncio.sleep(0)
             else:
-                store.dispatch_some(CATCHUP_DISPATCH_SLICE if catchup else LIVE_DISPATCH_SLICE)
+                budget = CATCHUP_DISPATCH_SLICE if catchup else min(LIVE_DISPATCH_SLICE,
+                                                                    max(MIN_DISPATCH_SLICE, behind // 2))
+                store.dispatch_some(budget)
                 await asyncio.sleep(DISPATCH_PERIOD)
+
+    def _commit_received(self) -> bool:
+        """Commit what the current receiver has written; whether there was anything."""
+        receiver = self._receiver
+        if receiver is not None and receiver.pending_end > receiver.committed_end:
+            receiver.commit()
+            return True
+        return False
 
     # -- connection loop --
     async def _run(self) -> None:
@@ -542,6 +569,7 @@ class HAClient:
             raise
         self.connected = True
         receiver = _Receiver(self, sock, loop, self.heartbeat_interval, self.housekeeping_interval)
+        self._receiver = receiver
         changed = asyncio.ensure_future(self._changed.wait())
         running: asyncio.Future[Any] | None = None
         try:
@@ -572,6 +600,7 @@ class HAClient:
                         running.exception()  # retrieved: raised above when it mattered
             finally:
                 receiver.commit()
+                self._receiver = None
                 sock.close()
 
     async def _reconcile(self, answer: bytes, addr: str) -> None:
