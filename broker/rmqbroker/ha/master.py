@@ -87,8 +87,9 @@ def _wait_writable(poller: select.poll, stop: threading.Event) -> None:
 def _send_frames(sock_fd: int, frames: list[Frame], stop: threading.Event) -> None:
     """Worker thread: header + ``sendfile`` body per frame, on a non-blocking socket.
 
-    ``sock_fd`` is a duplicate owned (and closed) here, so closing the transport on the loop can
-    never make this thread write into a reused descriptor number.
+    ``sock_fd`` and the segment descriptors in ``frames`` are duplicates owned (and closed) here,
+    so closing the transport or a segment on the loop can never make this thread use a reused
+    descriptor number.
     """
     poller = select.poll()
     poller.register(sock_fd, select.POLLOUT)
@@ -115,6 +116,8 @@ def _send_frames(sock_fd: int, frames: list[Frame], stop: threading.Event) -> No
                 raise _Stopped
     finally:
         os.close(sock_fd)
+        for fd in {frame[1] for frame in frames}:
+            os.close(fd)
 
 
 class HAConnection(asyncio.Protocol):
@@ -244,8 +247,10 @@ class HAConnection(asyncio.Protocol):
         tr = self.transport
         assert tr is not None
         sock = tr.get_extra_info("socket")
+        if sock is None:
+            return False
         frames = self._plan(max_offset)
-        if sock is None or not frames:
+        if not frames:
             return False
         sock_fd = os.dup(sock.fileno())
         self.transfer_from = frames[-1][0] + frames[-1][3]
@@ -256,12 +261,14 @@ class HAConnection(asyncio.Protocol):
         return True
 
     def _plan(self, max_offset: int) -> list[Frame]:
-        """Frames from ``transfer_from`` within written bytes, never crossing a segment (§7.3)."""
+        """Frames from ``transfer_from`` within written bytes, never crossing a segment (§7.3), on
+        duplicated segment descriptors (closed by :func:`_send_frames`)."""
         mfq = self.service.store.commitlog.mfq
         batch = self.service.config.transfer_batch_size
         pos = self.transfer_from
         limit = min(max_offset, pos + BULK_PLAN)
         frames: list[Frame] = []
+        dups: dict[int, int] = {}
         while pos < limit:
             mf = mfq.find_file(pos)
             if mf is None:
@@ -270,7 +277,10 @@ class HAConnection(asyncio.Protocol):
             n = min(batch, limit - pos, mf.wrote_position - rel)
             if n <= 0:
                 break
-            frames.append((pos, mf.fd, rel, n))
+            fd = dups.get(mf.fd)
+            if fd is None:
+                fd = dups[mf.fd] = os.dup(mf.fd)
+            frames.append((pos, fd, rel, n))
             pos += n
         return frames
 

@@ -129,8 +129,9 @@ def _allocate(fd: int, pos: int, n: int) -> bool:
 class _Receiver:
     """One HA connection's blocking side, run in the client's receiver thread.
 
-    Only :meth:`stop` is called from the loop; everything the loop must see goes through
-    ``call_soon_threadsafe`` (commits coalesced: at most one pending callback at a time).
+    The loop calls :meth:`stop` and :meth:`commit` (the latter from the reput task's polling
+    while a stream flows, else from a ``call_soon_threadsafe`` callback, at most one pending);
+    segments come from the loop too (:meth:`_on_loop`, once per segment).
     """
 
     def __init__(self, client: HAClient, sock: socket.socket, loop: asyncio.AbstractEventLoop,
