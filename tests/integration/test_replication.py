@@ -148,6 +148,13 @@ def test_two_slaves_replicate_byte_identical_and_late_slave_catches_up(cluster: 
     assert s1.status()["ha"]["connected"] is True
 
 
+def all_threads_stopped(proc: BrokerProc) -> bool:
+    """Whether every thread of a SIGSTOPped process has actually stopped (state T)."""
+    assert proc.popen is not None
+    tasks = Path(f"/proc/{proc.popen.pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks.iterdir())
+
+
 def test_sync_master_slave_not_available_and_flush_slave_timeout(cluster: Cluster) -> None:
     ns = cluster.namesrv()
     master = cluster.broker(ns.addr, name="broker-s", role="SYNC_MASTER", syncFlushTimeout=1500)
@@ -160,6 +167,9 @@ def test_sync_master_slave_not_available_and_flush_slave_timeout(cluster: Cluste
          what="SYNC send acknowledged by the slave")
     slave.signal(signal.SIGSTOP)
     try:
+        # kill() does not wait for the stop: the slave's receiver thread could still ack the next
+        # message before the group stop reaches it (the old single-threaded slave never could).
+        poll(lambda: all_threads_stopped(slave), 5, interval=0.005, what="slave stopped")
         started = time.monotonic()
         resp = send_raw(master.addr, "SyncTopic", b"slave frozen")
         assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
