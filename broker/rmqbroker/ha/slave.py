@@ -310,7 +310,7 @@ class _Receiver:
             try:
                 return result.result(RECV_POLL)
             except concurrent.futures.TimeoutError:
-                if self.stopping:
+                if self.stopping or self.loop.is_closed():
                     raise _Stopped from None
 
     def _pwrite(self, pos: int, data: memoryview) -> None:
@@ -419,7 +419,8 @@ class _Receiver:
 
     def _idle(self) -> None:
         """A blocking receive timed out (RECV_POLL): stop, heartbeat, or give up on a silent master."""
-        if self.stopping:
+        if self.stopping or self.loop.is_closed():
+            # A closed loop means nobody will stop us, and interpreter exit joins this thread.
             raise _Stopped
         now = time.monotonic()
         if now - self.last_read > self.housekeeping:
