@@ -15,6 +15,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -335,45 +337,69 @@ class HAConnection(asyncio.Protocol):
                 await asyncio.wait_for(asyncio.shield(fut), 5)
 
 
+class _Waiter:
+    """One waiting put: resolved once, by an ack or by its timer."""
+
+    __slots__ = ("done", "end_offset", "on_done", "timer")
+
+    def __init__(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
+        self.end_offset = end_offset
+        self.on_done = on_done
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def resolve(self, status: PutMessageStatus) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            self.on_done(status)
+        except Exception:
+            log.exception("replication wait callback failed")
+
+
 class GroupTransferService:
     """SYNC_MASTER waits: one slave ack releases every send up to its offset.
 
-    Waits are plain futures resolved by acks or by a timer handle, so a waiting send costs no
-    task or coroutine.
+    Waits are callbacks run from the ack itself (or a timer handle), so a waiting send costs no
+    task or coroutine, and its answer needs no extra loop pass after the ack.
     """
 
     def __init__(self, service: HAService) -> None:
         self.service = service
-        self._waiters: collections.deque[
-            tuple[int, asyncio.Future[PutMessageStatus], asyncio.TimerHandle]] = collections.deque()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
 
     def release(self, acked: int) -> None:
         waiters = self._waiters
-        while waiters and waiters[0][0] <= acked:
-            _, fut, timer = waiters.popleft()
-            timer.cancel()
-            if not fut.done():
-                fut.set_result(PutMessageStatus.PUT_OK)
+        while waiters and waiters[0].end_offset <= acked:
+            waiters.popleft().resolve(PutMessageStatus.PUT_OK)
+
+    def wait_then(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
+        """``on_done(status)`` with the replication outcome of an append ending at ``end_offset`` (§7.5)."""
+        svc = self.service
+        if not svc.slave_ok(end_offset):
+            on_done(PutMessageStatus.SLAVE_NOT_AVAILABLE)
+        elif svc.push_to_slave_max_offset >= end_offset:
+            on_done(PutMessageStatus.PUT_OK)
+        else:
+            waiter = _Waiter(end_offset, on_done)
+            waiter.timer = asyncio.get_running_loop().call_later(
+                svc.config.sync_timeout, waiter.resolve, PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+            # Appends are ordered, so the deque stays sorted by end offset.
+            self._waiters.append(waiter)
 
     def wait(self, end_offset: int) -> asyncio.Future[PutMessageStatus]:
-        """A future of the replication outcome of an append ending at ``end_offset`` (§7.5)."""
-        svc = self.service
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[PutMessageStatus] = loop.create_future()
-        if not svc.slave_ok(end_offset):
-            fut.set_result(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-        elif svc.push_to_slave_max_offset >= end_offset:
-            fut.set_result(PutMessageStatus.PUT_OK)
-        else:
-            timer = loop.call_later(svc.config.sync_timeout, _expire, fut)
-            # Appends are ordered, so the deque stays sorted by end offset.
-            self._waiters.append((end_offset, fut, timer))
+        """The same outcome as a future (for puts that also wait for a flush)."""
+        fut: asyncio.Future[PutMessageStatus] = asyncio.get_running_loop().create_future()
+        self.wait_then(end_offset, functools.partial(_settle, fut))
         return fut
 
 
-def _expire(fut: asyncio.Future[PutMessageStatus]) -> None:
+def _settle(fut: asyncio.Future[PutMessageStatus], status: PutMessageStatus) -> None:
     if not fut.done():
-        fut.set_result(PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+        fut.set_result(status)
 
 
 class HAService:

@@ -221,21 +221,20 @@ class SendMessageProcessor:
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
         wait = props.get(rec.WAIT) != "false"
-        replicated = store.replication_future(result, wait)
-        if replicated is not None:
-            # SYNC_MASTER with ASYNC_FLUSH: answer from the ack's callback (no task per send).
+        if store.replication_callback is not None:
+            # SYNC_MASTER with ASYNC_FLUSH: answered from the slave ack itself (no task per send,
+            # no loop pass between the ack and the answer).
             answer: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
-            replicated.add_done_callback(
-                lambda f: answer.set_result(self._replicated(f, cmd, result, queue_id)))
-            return answer
+            if store.replicate_then(result, wait,
+                                    lambda status: answer.set_result(self._replicated(status, cmd, result, queue_id))):
+                return answer
         pending = store.durability_wait(result, wait)
         if pending is None:
             return self._response(cmd, result, queue_id, len(cmd.body))
         return self._respond_after(pending, cmd, result, queue_id)
 
-    def _replicated(self, fut: asyncio.Future[PutMessageStatus], cmd: RemotingCommand, result: PutResult,
+    def _replicated(self, status: PutMessageStatus, cmd: RemotingCommand, result: PutResult,
                     queue_id: int) -> RemotingCommand:
-        status = fut.result() if not fut.cancelled() else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
         if status is not PutMessageStatus.PUT_OK:
             result.status = status
         return self._response(cmd, result, queue_id, len(cmd.body))
