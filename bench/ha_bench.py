@@ -28,11 +28,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from array import array
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.support.procs import BrokerProc  # noqa: E402
 
@@ -208,12 +210,20 @@ async def _sender(addr: str, topic: str, body: bytes, rate: float, seconds: floa
     await client.close()
 
 
-def bench_lag(work: Path, seconds: float, rate: float) -> dict[str, Any]:
-    """Steady ``rate`` sends; the master measures append -> first slave ack per append."""
-    master = BrokerProc(work, None, name="bench-lag")
+def bench_lag(work: Path, seconds: float, rate: float, test_segments: bool = False) -> dict[str, Any]:
+    """Steady ``rate`` sends; the master measures append -> first slave ack per append.
+
+    Brokers use the default segment sizes (1 GiB commitlog, 6,000,000-byte consume queues), like
+    ``catchup``; ``test_segments`` keeps the test helper's 16 MiB / 60,000-byte segments (a new
+    commitlog segment every ~3 s at this rate, each created on the event loop with a directory
+    fsync), as the runs before 2026-11-22 05:45 did.
+    """
+    sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
+                                                      "mappedFileSizeConsumeQueue": 6000000}
+    master = BrokerProc(work, None, name="bench-lag", **sizes)
     master.start()
     slave = BrokerProc(work, None, name="bench-lag", broker_id=1, role="SLAVE",
-                       haMasterAddress=f"127.0.0.1:{master.port + 1}")
+                       haMasterAddress=f"127.0.0.1:{master.port + 1}", **sizes)
     slave.start()
     acks: list[tuple[int, float]] = []
     try:
@@ -227,14 +237,23 @@ def bench_lag(work: Path, seconds: float, rate: float) -> dict[str, Any]:
         slave.stop()
         master.stop()
     return {"target_rate": rate, "achieved_rate": achieved, "sent": len(acks),
+            "segments": "test (16 MiB / 60,000 B)" if test_segments else "default (1 GiB / 6,000,000 B)",
             **{f"lag_{k}": v for k, v in lag.items()},
             "note": "lag = time from the master's append to the first slave ack covering it (master-side)"}
 
 
-def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3) -> dict[str, Any]:
+def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
+                    client: str = "lean") -> dict[str, Any]:
     """Closed-loop producers against an ASYNC_MASTER and a SYNC_MASTER (one slave each), in
-    interleaved rounds on fresh groups so that machine noise hits both alike; medians reported."""
+    interleaved rounds on fresh groups so that machine noise hits both alike; medians reported.
+
+    ``client="lean"`` (default): send_bench's callback-only generator in its own process, one
+    connection per producer with one request in flight (= ``producers`` closed-loop producers),
+    1 s warm-up excluded. ``client="remoting"``: the earlier in-process generator (the project's
+    RemotingClient, a coroutine per request), which on two cores competes with the brokers for CPU.
+    """
     rates: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
+    latency_ms: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     for r in range(rounds):
         for role in ("ASYNC_MASTER", "SYNC_MASTER"):
             name = f"bench-{role.lower().replace('_', '-')}-{r}"
@@ -245,15 +264,47 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3)
             slave.start()
             try:
                 time.sleep(1)
-                count = asyncio.run(_closed_loop(master.addr, producers, seconds))
+                if client == "lean":
+                    count, p50 = _closed_loop_lean(master.addr, producers, seconds)
+                else:
+                    count, p50 = asyncio.run(_closed_loop(master.addr, producers, seconds)), float("nan")
             finally:
                 slave.stop()
                 master.stop()
             rates[role].append(count / seconds)
-            print(f"[syncasync] round {r} {role}: {count / seconds:.0f} msg/s", flush=True)
-    out: dict[str, Any] = {role: {"msgs_per_s_median": statistics.median(v), "rounds": v} for role, v in rates.items()}
+            latency_ms[role].append(p50)
+            print(f"[syncasync] round {r} {role}: {count / seconds:.0f} msg/s, p50 {p50:.3f} ms", flush=True)
+    out: dict[str, Any] = {role: {"msgs_per_s_median": statistics.median(v), "rounds": v,
+                                  "p50_latency_ms": latency_ms[role]} for role, v in rates.items()}
     out["ratio_sync_async"] = out["SYNC_MASTER"]["msgs_per_s_median"] / out["ASYNC_MASTER"]["msgs_per_s_median"]
+    out["client"] = client
     return out
+
+
+def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0) -> tuple[int, float]:
+    """Acks inside the window and their median latency (ms), from send_bench's lean generator
+    in a separate process: ``producers`` connections with one request in flight each."""
+    from send_bench import WorkerConfig, lean_worker, make_body
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    cfg = WorkerConfig(index=0, client="lean", broker_addr=addr, namesrv_addr="", topic="SyncAsync", queues=4,
+                       producers=producers, window=1, burst=1, body=make_body(1024), home="", cpu=None)
+    proc = ctx.Process(target=lean_worker, args=(child, cfg))
+    proc.start()
+    try:
+        kind, _pid = parent.recv()
+        assert kind == "ready", kind
+        t0 = time.time() + warmup
+        parent.send(("go", t0, t0 + seconds))
+        kind, result = parent.recv()
+        assert kind == "result", kind
+    finally:
+        proc.join(30)
+    if result.errors_window:
+        print(f"[syncasync] errors in window: {result.error_kinds}", flush=True)
+    lat = sorted(array("q", result.latencies_ns))
+    return int(result.acked_window), (lat[len(lat) // 2] / 1e6 if lat else float("nan"))
 
 
 async def _closed_loop(addr: str, producers: int, seconds: float) -> int:
@@ -286,6 +337,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--producers", type=int, default=16)
+    parser.add_argument("--test-segments", action="store_true",
+                        help="lag: the test helper's small segments instead of the broker defaults")
+    parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
+                        help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ha-bench-"))
     results: dict[str, Any] = {}
@@ -295,11 +350,12 @@ def main() -> None:
             print(json.dumps(results["catchup"]), flush=True)
         if args.which in ("lag", "all"):
             (work / "l").mkdir()
-            results["lag"] = bench_lag(work / "l", args.seconds, args.rate)
+            results["lag"] = bench_lag(work / "l", args.seconds, args.rate, test_segments=args.test_segments)
             print(json.dumps(results["lag"]), flush=True)
         if args.which in ("syncasync", "all"):
             (work / "s").mkdir()
-            results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers)
+            results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers,
+                                                   client=args.client)
             print(json.dumps(results["syncasync"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

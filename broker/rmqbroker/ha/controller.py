@@ -71,7 +71,9 @@ class ReplicationController:
 
     def _apply_role(self) -> None:
         role = self.ctx.role
-        self.store.replication_hook = self.ha.group_transfer.wait if role == "SYNC_MASTER" else None
+        sync = role == "SYNC_MASTER"
+        self.store.replication_hook = self.ha.group_transfer.wait if sync else None
+        self.store.replication_callback = self.ha.group_transfer.wait_then if sync else None
         self.store.set_role(role)
         if role == "SLAVE":
             self.ha_client.start()

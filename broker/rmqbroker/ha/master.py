@@ -1,23 +1,32 @@
 """HA master side (reference §7.1-§7.5): streams commitlog bytes to slaves, tracks their acks.
 
-Per slave connection a reader consumes 8-byte max-offset reports and a writer pushes
-``[long offset][int size][bytes]`` frames from wherever the slave is. The writer is woken on
-every append, so replication has no polling delay; frames are views of the mapped segment, so
-the kernel copies straight from the page cache. SYNC_MASTER sends wait in
-:class:`GroupTransferService` until a slave has acknowledged their end offset.
+Each slave connection is a callback :class:`asyncio.Protocol`: 8-byte max-offset reports are
+handled in ``data_received`` (an ack releases waiting SYNC_MASTER sends in the same loop pass), and
+``[long offset][int size][bytes]`` frames are pushed from the append notification itself, once per
+loop pass, as views of the mapped segment. A slave far behind (a catch-up) is served by a worker
+thread that ``sendfile``\\ s whole frames from the segment files: no GIL, no page faults on the
+mapping, no copy in user space. SYNC_MASTER sends wait in :class:`GroupTransferService` until a
+slave has acknowledged their end offset.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
+import os
+import select
 import socket
 import struct
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.store.message_store import MessageStore, PutMessageStatus
@@ -40,9 +49,20 @@ EPOCH_QUERY = -2
 LAG_TRACK_MAX = 100_000
 LAG_WINDOW = 20_000
 
-# Upper bound of bytes handed to the socket per wake-up: large enough for throughput,
+# Bytes handed to the transport per push, and its high-water mark: large enough for throughput,
 # small enough that a slow slave doesn't make us buffer much beyond the kernel's socket buffer.
 WRITE_CHUNK = 4 * 1024 * 1024
+# A slave at least this far behind is served by the sendfile thread, in plans of at most
+# BULK_PLAN bytes (one loop round trip per plan keeps the frame list current).
+BULK_MIN = 4 * 1024 * 1024
+BULK_PLAN = 64 * 1024 * 1024
+# How often the sendfile thread looks at the stop flag while the socket is full (ms).
+BULK_POLL_MS = 100
+# Housekeeping / heartbeat timer period per connection.
+TICK_SECONDS = 0.5
+
+# (commitlog offset, segment fd, position in the segment, length): one frame for the sendfile thread.
+Frame = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -56,160 +76,330 @@ class HAConfig:
     sync_timeout: float = 5.0
 
 
-class HAConnection:
+class _Stopped(Exception):
+    """The connection closed while the sendfile thread was waiting for socket space."""
+
+
+def _wait_writable(poller: select.poll, stop: threading.Event) -> None:
+    while not poller.poll(BULK_POLL_MS):
+        if stop.is_set():
+            raise _Stopped
+
+
+def _send_frames(sock_fd: int, frames: list[Frame], stop: threading.Event) -> None:
+    """Worker thread: header + ``sendfile`` body per frame, on a non-blocking socket.
+
+    ``sock_fd`` and the segment descriptors in ``frames`` are duplicates owned (and closed) here,
+    so closing the transport or a segment on the loop can never make this thread use a reused
+    descriptor number.
+    """
+    poller = select.poll()
+    poller.register(sock_fd, select.POLLOUT)
+    try:
+        for offset, file_fd, pos, n in frames:
+            head = TRANSFER_HEADER.pack(offset, n)
+            done = 0
+            while done < len(head):
+                try:
+                    done += os.write(sock_fd, head[done:])
+                except BlockingIOError:
+                    _wait_writable(poller, stop)
+            sent = 0
+            while sent < n:
+                try:
+                    k = os.sendfile(sock_fd, file_fd, pos + sent, n - sent)
+                except BlockingIOError:
+                    _wait_writable(poller, stop)
+                    continue
+                if k == 0:
+                    raise ConnectionError(f"sendfile made no progress at commitlog offset {offset + sent}")
+                sent += k
+            if stop.is_set():
+                raise _Stopped
+    finally:
+        os.close(sock_fd)
+        for fd in {frame[1] for frame in frames}:
+            os.close(fd)
+
+
+class HAConnection(asyncio.Protocol):
     """One slave's connection on the master."""
 
-    def __init__(self, service: HAService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, service: HAService) -> None:
         self.service = service
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.transport: asyncio.Transport | None = None
+        self.address = "?"
         self.request_offset = -1  # first report: where to start streaming
         self.acked_offset = 0
         self.last_ack_time = time.time()
         self.transfer_from = -1
-        self._first_report = asyncio.Event()
         self.closed = False
+        self._buf = b""
+        self._paused = False
+        self._bulk: asyncio.Future[None] | None = None
+        self._bulk_stop = threading.Event()
+        self._last_write = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def last_ack_millis(self) -> int:
         return int(self.last_ack_time * 1000)
 
-    async def run(self) -> None:
-        reader_task = asyncio.create_task(self._read_reports())
-        writer_task = asyncio.create_task(self._write_frames())
-        try:
-            done, _ = await asyncio.wait({reader_task, writer_task}, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if not t.cancelled() and t.exception() is not None:
-                    exc = t.exception()
-                    log.warning("HA connection %s closed: %s", self.address, exc)
-        finally:
-            self.closed = True
-            for t in (reader_task, writer_task):
-                t.cancel()
-            for t in (reader_task, writer_task):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            self.writer.close()
-            with contextlib.suppress(Exception):
-                await self.writer.wait_closed()
+    # -- asyncio.Protocol --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = tr = cast(asyncio.Transport, transport)
+        peer = tr.get_extra_info("peername")
+        self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        tr.set_write_buffer_limits(high=WRITE_CHUNK)
+        sock = tr.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        log.info("HA slave connected from %s", self.address)
+        self.service.connections.add(self)
+        self._timer = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
 
-    async def _read_reports(self) -> None:
-        svc = self.service
-        buf = b""
-        while True:
-            try:
-                chunk = await asyncio.wait_for(self.reader.read(4096), svc.config.housekeeping_interval)
-            except TimeoutError:
-                log.warning("HA slave %s silent for %.0fs; closing", self.address, svc.config.housekeeping_interval)
-                return
-            if not chunk:
-                log.info("HA slave %s disconnected", self.address)
-                return
-            buf += chunk
-            whole = len(buf) - len(buf) % 8
-            if whole == 0:
-                continue
-            # Only the newest complete report matters.
-            (offset,) = REPORT.unpack_from(buf, whole - 8)
-            buf = buf[whole:]
-            if offset == EPOCH_QUERY and self.request_offset < 0:
-                # Answered by the reader: the writer has not started streaming yet.
-                body = json.dumps({**svc.epoch_history(), "maxOffset": svc.store.max_phy_offset()}).encode()
-                self.writer.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
-                await self.writer.drain()
-                continue
-            max_offset = svc.store.max_phy_offset()
-            if offset < 0 or offset > max_offset:
-                svc.rejected_reports += 1
-                log.warning("HA slave %s reported offset %d beyond this master's log end %d; dropping it",
-                            self.address, offset, max_offset)
-                return
-            self.last_ack_time = time.time()
-            if self.request_offset < 0:
-                self.request_offset = offset
-                self._first_report.set()
-            self.acked_offset = offset
-            svc.on_ack(offset)
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.warning("HA connection %s closed: %s", self.address, exc)
+        else:
+            log.info("HA slave %s disconnected", self.address)
+        self._closed()
 
-    async def _write_frames(self) -> None:
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self.push()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        whole = len(buf) - len(buf) % 8
+        self._buf = buf[whole:]
+        if whole == 0:
+            return
+        # Only the newest complete report matters.
+        (offset,) = REPORT.unpack_from(buf, whole - 8)
+        self._on_report(offset)
+
+    # -- reports --
+    def _on_report(self, offset: int) -> None:
         svc = self.service
         store = svc.store
-        await self._first_report.wait()
-        start = self.request_offset
-        if start == 0:
+        tr = self.transport
+        if tr is None or self.closed:
+            return
+        if offset == EPOCH_QUERY and self.request_offset < 0:
+            # Streaming has not started, so the answer cannot interleave with a frame.
+            body = json.dumps({**svc.epoch_history(), "maxOffset": store.max_phy_offset()}).encode()
+            tr.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
+            return
+        max_offset = store.max_phy_offset()
+        if offset < 0 or offset > max_offset:
+            svc.rejected_reports += 1
+            log.warning("HA slave %s reported offset %d beyond this master's log end %d; dropping it",
+                        self.address, offset, max_offset)
+            self.close()
+            return
+        self.last_ack_time = time.time()
+        self.acked_offset = offset
+        if self.request_offset < 0:
+            self.request_offset = offset
             # A new slave catches up from the very beginning of what this master still has.
-            start = store.min_phy_offset()
-        self.transfer_from = start
-        batch = svc.config.transfer_batch_size
-        last_write = time.monotonic()
-        while True:
-            max_offset = store.max_phy_offset()
-            if self.transfer_from < max_offset:
-                parts: list[bytes | memoryview] = []
-                total = 0
-                while self.transfer_from < max_offset and total < WRITE_CHUNK:
-                    view = store.read_commitlog(self.transfer_from, min(batch, max_offset - self.transfer_from))
-                    if view is None:
-                        raise ConnectionError(f"commitlog offset {self.transfer_from} is not readable")
-                    parts.append(TRANSFER_HEADER.pack(self.transfer_from, len(view)))
-                    parts.append(view)
-                    self.transfer_from += len(view)
-                    total += len(view)
-                self.writer.writelines(parts)
-                await self.writer.drain()
-                last_write = time.monotonic()
-                continue
-            idle = time.monotonic() - last_write
-            if idle >= svc.config.heartbeat_interval:
-                self.writer.write(TRANSFER_HEADER.pack(self.transfer_from, 0))
-                await self.writer.drain()
-                last_write = time.monotonic()
-                continue
-            await svc.wait_for_data(svc.config.heartbeat_interval - idle)
+            self.transfer_from = offset if offset else store.min_phy_offset()
+            self._last_write = time.monotonic()
+            self.push()
+        svc.on_ack(offset)
+
+    # -- pushing --
+    def push(self) -> None:
+        """Send what the slave doesn't have yet: from the loop when close behind, else by thread."""
+        tr = self.transport
+        if tr is None or self.closed or self._paused or self._bulk is not None or self.request_offset < 0:
+            return
+        store = self.service.store
+        max_offset = store.max_phy_offset()
+        pos = self.transfer_from
+        if pos >= max_offset:
+            return
+        if max_offset - pos >= BULK_MIN and not tr.get_write_buffer_size() and self._start_bulk(max_offset):
+            return
+        batch = self.service.config.transfer_batch_size
+        parts: list[bytes | memoryview] = []
+        total = 0
+        while pos < max_offset and total < WRITE_CHUNK:
+            view = store.read_commitlog(pos, min(batch, max_offset - pos))
+            if view is None:
+                log.error("HA slave %s: commitlog offset %d is not readable; closing", self.address, pos)
+                self.close()
+                return
+            parts.append(TRANSFER_HEADER.pack(pos, len(view)))
+            parts.append(view)
+            pos += len(view)
+            total += len(view)
+        self.transfer_from = pos
+        tr.writelines(parts)
+        self._last_write = time.monotonic()
+        if pos < max_offset and not self._paused:
+            asyncio.get_running_loop().call_soon(self.push)
+
+    def _start_bulk(self, max_offset: int) -> bool:
+        """Hand the next frames to the sendfile thread; False when that is not possible."""
+        tr = self.transport
+        assert tr is not None
+        sock = tr.get_extra_info("socket")
+        if sock is None:
+            return False
+        frames = self._plan(max_offset)
+        if not frames:
+            return False
+        sock_fd = os.dup(sock.fileno())
+        self.transfer_from = frames[-1][0] + frames[-1][3]
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.service.executor, _send_frames, sock_fd, frames, self._bulk_stop)
+        self._bulk = fut
+        fut.add_done_callback(self._bulk_done)
+        return True
+
+    def _plan(self, max_offset: int) -> list[Frame]:
+        """Frames from ``transfer_from`` within written bytes, never crossing a segment (§7.3), on
+        duplicated segment descriptors (closed by :func:`_send_frames`)."""
+        mfq = self.service.store.commitlog.mfq
+        batch = self.service.config.transfer_batch_size
+        pos = self.transfer_from
+        limit = min(max_offset, pos + BULK_PLAN)
+        frames: list[Frame] = []
+        dups: dict[int, int] = {}
+        while pos < limit:
+            mf = mfq.find_file(pos)
+            if mf is None:
+                break
+            rel = pos - mf.file_from_offset
+            n = min(batch, limit - pos, mf.wrote_position - rel)
+            if n <= 0:
+                break
+            fd = dups.get(mf.fd)
+            if fd is None:
+                fd = dups[mf.fd] = os.dup(mf.fd)
+            frames.append((pos, fd, rel, n))
+            pos += n
+        return frames
+
+    def _bulk_done(self, fut: asyncio.Future[None]) -> None:
+        self._bulk = None
+        exc = fut.exception() if not fut.cancelled() else None
+        if self.closed:
+            return
+        if exc is not None:
+            log.warning("HA slave %s: transfer failed: %s", self.address, exc)
+            self.close()
+            return
+        self._last_write = time.monotonic()
+        self.push()
+
+    # -- housekeeping --
+    def _tick(self) -> None:
+        tr = self.transport
+        if self.closed or tr is None:
+            return
+        cfg = self.service.config
+        if time.time() - self.last_ack_time > cfg.housekeeping_interval:
+            log.warning("HA slave %s silent for %.0fs; closing", self.address, cfg.housekeeping_interval)
+            self.close()
+            return
+        now = time.monotonic()
+        if (self.request_offset >= 0 and self._bulk is None and now - self._last_write >= cfg.heartbeat_interval
+                and not tr.get_write_buffer_size()):
+            tr.write(TRANSFER_HEADER.pack(self.transfer_from, 0))
+            self._last_write = now
+        self._timer = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._closed()
+
+    def _closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._bulk_stop.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        self.service.connections.discard(self)
+
+    async def wait_idle(self) -> None:
+        """Until the sendfile thread (if any) has let go of the socket."""
+        fut = self._bulk
+        if fut is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(fut), 5)
+
+
+class _Waiter:
+    """One waiting put: resolved once, by an ack or by its timer."""
+
+    __slots__ = ("done", "end_offset", "on_done", "timer")
+
+    def __init__(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
+        self.end_offset = end_offset
+        self.on_done = on_done
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def resolve(self, status: PutMessageStatus) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            self.on_done(status)
+        except Exception:
+            log.exception("replication wait callback failed")
 
 
 class GroupTransferService:
     """SYNC_MASTER waits: one slave ack releases every send up to its offset.
 
-    Waits are plain futures resolved by acks or by a timer handle, so a waiting send costs no
-    task or coroutine.
+    Waits are callbacks run from the ack itself (or a timer handle), so a waiting send costs no
+    task or coroutine, and its answer needs no extra loop pass after the ack.
     """
 
     def __init__(self, service: HAService) -> None:
         self.service = service
-        self._waiters: collections.deque[
-            tuple[int, asyncio.Future[PutMessageStatus], asyncio.TimerHandle]] = collections.deque()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
 
     def release(self, acked: int) -> None:
         waiters = self._waiters
-        while waiters and waiters[0][0] <= acked:
-            _, fut, timer = waiters.popleft()
-            timer.cancel()
-            if not fut.done():
-                fut.set_result(PutMessageStatus.PUT_OK)
+        while waiters and waiters[0].end_offset <= acked:
+            waiters.popleft().resolve(PutMessageStatus.PUT_OK)
+
+    def wait_then(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
+        """``on_done(status)`` with the replication outcome of an append ending at ``end_offset`` (§7.5)."""
+        svc = self.service
+        if not svc.slave_ok(end_offset):
+            on_done(PutMessageStatus.SLAVE_NOT_AVAILABLE)
+        elif svc.push_to_slave_max_offset >= end_offset:
+            on_done(PutMessageStatus.PUT_OK)
+        else:
+            waiter = _Waiter(end_offset, on_done)
+            waiter.timer = asyncio.get_running_loop().call_later(
+                svc.config.sync_timeout, waiter.resolve, PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+            # Appends are ordered, so the deque stays sorted by end offset.
+            self._waiters.append(waiter)
 
     def wait(self, end_offset: int) -> asyncio.Future[PutMessageStatus]:
-        """A future of the replication outcome of an append ending at ``end_offset`` (§7.5)."""
-        svc = self.service
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[PutMessageStatus] = loop.create_future()
-        if not svc.slave_ok(end_offset):
-            fut.set_result(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-        elif svc.push_to_slave_max_offset >= end_offset:
-            fut.set_result(PutMessageStatus.PUT_OK)
-        else:
-            timer = loop.call_later(svc.config.sync_timeout, _expire, fut)
-            # Appends are ordered, so the deque stays sorted by end offset.
-            self._waiters.append((end_offset, fut, timer))
+        """The same outcome as a future (for puts that also wait for a flush)."""
+        fut: asyncio.Future[PutMessageStatus] = asyncio.get_running_loop().create_future()
+        self.wait_then(end_offset, functools.partial(_settle, fut))
         return fut
 
 
-def _expire(fut: asyncio.Future[PutMessageStatus]) -> None:
+def _settle(fut: asyncio.Future[PutMessageStatus], status: PutMessageStatus) -> None:
     if not fut.done():
-        fut.set_result(PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+        fut.set_result(status)
 
 
 class HAService:
@@ -225,9 +415,11 @@ class HAService:
         self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self.rejected_reports = 0
         self.group_transfer = GroupTransferService(self)
-        self._data = asyncio.Event()
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._push_scheduled = False
+        # sendfile threads for catching-up slaves (one busy thread per such slave).
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ha-send")
         self.port = config.listen_port
 
     def epoch_history(self) -> dict[str, object]:
@@ -235,18 +427,20 @@ class HAService:
 
     # -- store hooks --
     def notify_data(self, *_: object) -> None:
-        """Arrival listener: new bytes were appended."""
-        self._data.set()
+        """Arrival listener: new bytes were appended; they go out once per loop pass."""
         if self.connections:
+            if not self._push_scheduled and self._loop is not None:
+                self._push_scheduled = True
+                self._loop.call_soon(self._push_all)
             # Remember when each append ended so the first slave ack covering it gives its lag.
             pending = self._pending_acks
             if len(pending) < LAG_TRACK_MAX:
                 pending.append((self.store.max_phy_offset(), time.monotonic()))
 
-    async def wait_for_data(self, timeout: float) -> None:
-        self._data.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._data.wait(), max(timeout, 0.001))
+    def _push_all(self) -> None:
+        self._push_scheduled = False
+        for conn in list(self.connections):
+            conn.push()
 
     def on_ack(self, offset: int) -> None:
         if offset > self.push_to_slave_max_offset:
@@ -275,32 +469,25 @@ class HAService:
 
     # -- lifecycle --
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.config.listen_host, self.config.listen_port,
-                                                  reuse_address=True)
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._server = await loop.create_server(lambda: HAConnection(self), self.config.listen_host,
+                                                self.config.listen_port, reuse_address=True)
         self.port = int(self._server.sockets[0].getsockname()[1])
         log.info("HA master listening on %s:%d", self.config.listen_host, self.port)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WRITE_CHUNK)
-        conn = HAConnection(self, reader, writer)
-        log.info("HA slave connected from %s", conn.address)
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self.connections.discard(conn)
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for conn in list(self.connections):
-                conn.writer.close()
+            conns = list(self.connections)
+            for conn in conns:
+                conn.close()
+            for conn in conns:
+                await conn.wait_idle()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
             self._server = None
+        self.executor.shutdown(wait=False)
         self.group_transfer.release(1 << 62)
 
     def slaves_status(self) -> list[dict[str, object]]:

@@ -6,7 +6,6 @@ is touched, so a rejected send never leaves bytes behind.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import random
@@ -28,7 +27,7 @@ from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import SERIALIZE_JSON, RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand, encode_json_response
-from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.server import Connection, Deferred, RemotingServer
 from rmqbroker.remoting.wire import Header, normalize_send_v2
 from rmqbroker.store import record as rec
 from rmqbroker.store.errors import CorruptRecordError
@@ -184,7 +183,7 @@ class SendMessageProcessor:
                                f"topicConfig.readQueueNums:[{tc.read_queue_nums}] producer:[{remote}]")
         return tc
 
-    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Awaitable[Answer]:
+    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
 
         Returning the response directly (no coroutine, no task) is what keeps the common
@@ -234,23 +233,22 @@ class SendMessageProcessor:
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
         wait = props.get(WAIT) != "false"
-        replicated = store.replication_future(result, wait)
-        if replicated is not None:
-            # SYNC_MASTER with ASYNC_FLUSH: answer from the ack's callback (no task per send).
-            answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-            replicated.add_done_callback(functools.partial(self._replicated, answer, cmd, result, queue_id))
-            return answer
+        if store.replication_callback is not None:
+            # SYNC_MASTER with ASYNC_FLUSH: answered from the slave ack itself (no task per send,
+            # no loop pass between the ack and the answer).
+            answer = Deferred()
+            if store.replicate_then(result, wait, functools.partial(self._replicated, answer, cmd, result, queue_id)):
+                return answer
         pending = store.durability_wait(result, wait)
         if pending is None:
             return self._response(cmd, result, queue_id, len(cmd.body))
         return self._respond_after(pending, cmd, result, queue_id)
 
-    def _replicated(self, answer: asyncio.Future[Answer], cmd: RemotingCommand, result: PutResult, queue_id: int,
-                    fut: asyncio.Future[PutMessageStatus]) -> None:
-        status = fut.result() if not fut.cancelled() else PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+    def _replicated(self, answer: Deferred, cmd: RemotingCommand, result: PutResult, queue_id: int,
+                    status: PutMessageStatus) -> None:
         if status is not PutMessageStatus.PUT_OK:
             result.status = status
-        answer.set_result(self._response(cmd, result, queue_id, len(cmd.body)))
+        answer.resolve(self._response(cmd, result, queue_id, len(cmd.body)))
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> Answer:

@@ -34,7 +34,39 @@ log = logging.getLogger(__name__)
 # None for no answer now) or returns an awaitable that produces the answer; only the latter
 # costs a task.
 Response = RemotingCommand | bytes | None
-Handler = Callable[["Connection", RemotingCommand], Response | Awaitable[Response]]
+
+
+class Deferred:
+    """An answer a callback will give later (e.g. on a slave's ack): resolving it hands the response
+    to the connection at once, without the loop pass an asyncio future's callbacks take."""
+
+    __slots__ = ("_done", "_response", "_then")
+
+    def __init__(self) -> None:
+        self._then: Callable[[Response], None] | None = None
+        self._done = False
+        self._response: Response = None
+
+    def resolve(self, response: Response) -> None:
+        if self._done:
+            return
+        self._done = True
+        then = self._then
+        if then is None:
+            self._response = response
+        else:
+            self._then = None
+            then(response)
+
+    def then(self, callback: Callable[[Response], None]) -> None:
+        if self._done:
+            callback(self._response)
+            self._response = None
+        else:
+            self._then = callback
+
+
+Handler = Callable[["Connection", RemotingCommand], Response | Deferred | Awaitable[Response]]
 
 _conn_ids = itertools.count(1)
 
@@ -170,10 +202,13 @@ class Connection(asyncio.Protocol):
         try:
             result = handler(self, cmd)
         except Exception as exc:
-            self._finish(cmd, self._error_response(cmd, exc), started)
+            self._finish(cmd, self._error_response(cmd, exc), started=started)
             return
         if result is None or isinstance(result, (RemotingCommand, bytes)):
-            self._finish(cmd, result, started)
+            self._finish(cmd, result, started=started)
+            return
+        if isinstance(result, Deferred):
+            result.then(functools.partial(self._finish, cmd, started=started))
             return
         if isinstance(result, asyncio.Future):
             # An answer that a callback will provide (e.g. a slave ack): no task needed.
@@ -190,16 +225,16 @@ class Connection(asyncio.Protocol):
             raise
         except Exception as exc:
             response = self._error_response(cmd, exc)
-        self._finish(cmd, response, started)
+        self._finish(cmd, response, started=started)
 
     def _future_done(self, cmd: RemotingCommand, started: float, fut: asyncio.Future[Response]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
         if exc is None:
-            self._finish(cmd, fut.result(), started)
+            self._finish(cmd, fut.result(), started=started)
         elif isinstance(exc, Exception):
-            self._finish(cmd, self._error_response(cmd, exc), started)
+            self._finish(cmd, self._error_response(cmd, exc), started=started)
 
     def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
         if isinstance(exc, HeaderError):
@@ -209,7 +244,7 @@ class Connection(asyncio.Protocol):
         log.error("request code %d from %s failed", cmd.code, self.remote_addr, exc_info=exc)
         return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _finish(self, cmd: RemotingCommand, response: Response, started: float) -> None:
+    def _finish(self, cmd: RemotingCommand, response: Response, *, started: float) -> None:
         self.server.latency.observe(cmd.code, time.perf_counter() - started)
         if response is None or cmd.flag & FLAG_ONEWAY:
             return

@@ -250,6 +250,21 @@ class CommitLog:
         if self._raw_end == end:
             self._raw_end = None
 
+    def raw_segment(self, phy_offset: int) -> MappedFile:
+        """The segment that holds ``phy_offset`` for replicated bytes written elsewhere.
+
+        Created when missing; an empty log starts at ``phy_offset``. The caller copies into
+        ``segment.fd`` itself (any thread) and then calls :meth:`commit_raw` on this thread.
+        """
+        if self.max_offset() == 0 and phy_offset != 0 and self._raw_end is None:
+            self.mfq.destroy()
+            mf = self.mfq.create_file(phy_offset - phy_offset % self.file_size)
+            mf.wrote_position = mf.flushed_position = phy_offset % self.file_size
+            self._last = mf
+            return mf
+        found = self.mfq.find_file(phy_offset)
+        return found if found is not None else self.mfq.create_file(phy_offset - phy_offset % self.file_size)
+
     # -- reads -----------------------------------------------------------------------------------
     def read(self, phy_offset: int, size: int) -> memoryview | None:
         """A view of ``size`` written bytes at ``phy_offset`` inside one segment, or ``None``."""

@@ -230,6 +230,9 @@ ArrivalListener = Callable[[str, int, int], None]
 # HA seam for SYNC_MASTER: awaited with the end offset of a stored message that wants to wait;
 # returns PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5).
 ReplicationHook = Callable[[int], asyncio.Future[PutMessageStatus]]
+# The same wait in callback form: ``hook(end_offset, on_done)``; ``on_done(status)`` runs from the
+# slave ack itself (no loop pass in between), from the timeout, or at once.
+ReplicationCallback = Callable[[int, Callable[[PutMessageStatus], None]], None]
 TagFilter = Callable[[int], bool]
 
 
@@ -251,6 +254,7 @@ class MessageStore:
         self._listeners: list[ArrivalListener] = []
         # Set by the HA service on a SYNC_MASTER; ``None`` means no replica wait.
         self.replication_hook: ReplicationHook | None = None
+        self.replication_callback: ReplicationCallback | None = None
         self._store_host = config.store_host
         try:
             self._store_ip = ip_to_bytes(config.store_host[0])
@@ -741,14 +745,16 @@ class MessageStore:
             return self._await_durability(result, wait)
         return None
 
-    def replication_future(self, result: PutResult, wait: bool) -> asyncio.Future[PutMessageStatus] | None:
-        """ASYNC_FLUSH with replication: the replication outcome as a plain future, or None when
-        the put needs nothing more (the caller answers at once) or needs :meth:`durability_wait`.
+    def replicate_then(self, result: PutResult, wait: bool, on_done: Callable[[PutMessageStatus], None]) -> bool:
+        """ASYNC_FLUSH with replication: ``on_done(status)`` once the replication outcome is known
+        (see ``ReplicationCallback``); False when the put needs nothing more (the caller answers at
+        once) or needs :meth:`durability_wait`.
         """
-        hook = self.replication_hook
+        hook = self.replication_callback
         if result.status is not _PUT_OK or self._sync_flush or not wait or hook is None:
-            return None
-        return hook(result.end_offset)
+            return False
+        hook(result.end_offset, on_done)
+        return True
 
     async def _await_durability(self, result: PutResult, wait: bool) -> None:
         hook = self.replication_hook if wait else None
@@ -1093,6 +1099,15 @@ class MessageStore:
             # An empty log starts wherever the master's stream starts.
             self._reput_offset = phy_offset
         return self.commitlog.reserve_raw(phy_offset, n)
+
+    def raw_segment(self, phy_offset: int) -> MappedFile:
+        """Segment for a replicated append copied in by the caller (see :meth:`CommitLog.raw_segment`)."""
+        if not self._running:
+            raise StoreError("store is not running")
+        if self.commitlog.max_offset() == 0 and not self.commitlog.raw_pending:
+            # An empty log starts wherever the master's stream starts.
+            self._reput_offset = phy_offset
+        return self.commitlog.raw_segment(phy_offset)
 
     def commit_raw(self, end: int) -> None:
         """Replicated bytes up to ``end`` are written; consume queues follow via :meth:`dispatch_some`."""
