@@ -62,7 +62,7 @@ class BrokerCollector(Collector):
 
 class LatencyHistogram(Collector):
     """Exports the remoting server's :class:`RequestLatency` as a Prometheus histogram at scrape
-    time: counting stays a bisect and an increment per request, with no metric child per call."""
+    time: counting stays a bucket scan and an increment per request, with no metric child per call."""
 
     def __init__(self, labels: dict[str, str], source: RequestLatency | None = None) -> None:
         self.labels = labels

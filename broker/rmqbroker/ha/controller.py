@@ -72,7 +72,6 @@ class ReplicationController:
     def _apply_role(self) -> None:
         role = self.ctx.role
         sync = role == "SYNC_MASTER"
-        self.store.replication_hook = self.ha.group_transfer.wait if sync else None
         self.store.replication_callback = self.ha.group_transfer.wait_then if sync else None
         self.store.set_role(role)
         if role == "SLAVE":

@@ -15,7 +15,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -389,17 +388,6 @@ class GroupTransferService:
                 svc.config.sync_timeout, waiter.resolve, PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
             # Appends are ordered, so the deque stays sorted by end offset.
             self._waiters.append(waiter)
-
-    def wait(self, end_offset: int) -> asyncio.Future[PutMessageStatus]:
-        """The same outcome as a future (for puts that also wait for a flush)."""
-        fut: asyncio.Future[PutMessageStatus] = asyncio.get_running_loop().create_future()
-        self.wait_then(end_offset, functools.partial(_settle, fut))
-        return fut
-
-
-def _settle(fut: asyncio.Future[PutMessageStatus], status: PutMessageStatus) -> None:
-    if not fut.done():
-        fut.set_result(status)
 
 
 class HAService:

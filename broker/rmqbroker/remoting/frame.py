@@ -103,22 +103,13 @@ class RemotingCommand:
         body: bytes | bytearray | memoryview = b"",
     ) -> RemotingCommand:
         """A response to this request: same opaque and serialize type, RESPONSE flag set."""
-        return _new_command(code, self.opaque, FLAG_RESPONSE, remark, ext_fields if ext_fields is not None else {},
-                            body, "JAVA", SERVER_VERSION, self.serialize_type)
+        return RemotingCommand(code, opaque=self.opaque, flag=FLAG_RESPONSE, remark=remark, ext_fields=ext_fields,
+                               body=body, serialize_type=self.serialize_type)
 
     def __repr__(self) -> str:
         kind = "resp" if self.is_response else "req"
         return (f"RemotingCommand({kind} code={self.code} opaque={self.opaque} flag={self.flag} "
                 f"remark={self.remark!r} ext={self.ext_fields!r} body={len(self.body)}B)")
-
-
-def _new_command(code: int, opaque: int, flag: int, remark: str | None, ext_fields: dict[str, str],
-                 body: bytes | bytearray | memoryview, language: str, version: int,
-                 serialize_type: int) -> RemotingCommand:
-    """``RemotingCommand(...)`` with positional arguments, for the per-request decode and
-    per-response paths."""
-    return RemotingCommand(code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext_fields, body=body,
-                           language=language, version=version, serialize_type=serialize_type)
 
 
 def _ext_value(value: Any) -> str:
@@ -171,8 +162,8 @@ def _decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
                 # Rare (C++ numbers and booleans): coerce a copy, so processors only see strings.
                 ext = {k: _ext_value(v) for k, v in fields.items() if v is not None}
                 break
-    return _new_command(cast(int, code), cast(int, opaque), cast(int, flag), remark, ext, b"", language,
-                        cast(int, version), SERIALIZE_JSON)
+    return RemotingCommand(cast(int, code), opaque=cast(int, opaque), flag=cast(int, flag), remark=remark,
+                           ext_fields=ext, language=language, version=cast(int, version))
 
 
 def _decode_binary_header(raw: bytes | memoryview) -> RemotingCommand:

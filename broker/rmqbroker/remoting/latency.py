@@ -11,7 +11,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 
 
 
 class RequestLatency:
-    """Per-code bucket counts and sums: a bisect and two increments per observation."""
+    """Per-code bucket counts and sums: a bucket scan and two increments per observation."""
 
     def __init__(self) -> None:
         self._counts: dict[int, list[int]] = {}

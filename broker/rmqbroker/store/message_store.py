@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import fcntl
+import functools
 import logging
 import os
 from collections import deque
@@ -227,10 +228,8 @@ class GetMessageResult:
 
 
 ArrivalListener = Callable[[str, int, int], None]
-# HA seam for SYNC_MASTER: awaited with the end offset of a stored message that wants to wait;
-# returns PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5).
-ReplicationHook = Callable[[int], asyncio.Future[PutMessageStatus]]
-# The same wait in callback form: ``hook(end_offset, on_done)``; ``on_done(status)`` runs from the
+# HA seam for SYNC_MASTER: ``hook(end_offset, on_done)`` for a stored message that wants to wait;
+# ``on_done(status)`` with PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5) runs from the
 # slave ack itself (no loop pass in between), from the timeout, or at once.
 ReplicationCallback = Callable[[int, Callable[[PutMessageStatus], None]], None]
 TagFilter = Callable[[int], bool]
@@ -238,6 +237,11 @@ TagFilter = Callable[[int], bool]
 
 def _result(status: PutMessageStatus) -> PutResult:
     return PutResult(status)
+
+
+def _settle(fut: asyncio.Future[PutMessageStatus], status: PutMessageStatus) -> None:
+    if not fut.done():
+        fut.set_result(status)
 
 
 class MessageStore:
@@ -253,7 +257,6 @@ class MessageStore:
         self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
         self._listeners: list[ArrivalListener] = []
         # Set by the HA service on a SYNC_MASTER; ``None`` means no replica wait.
-        self.replication_hook: ReplicationHook | None = None
         self.replication_callback: ReplicationCallback | None = None
         self._store_host = config.store_host
         try:
@@ -659,7 +662,7 @@ class MessageStore:
 
     async def put_message(self, msg: MessageInner) -> PutResult:
         """Store one message and, unless its WAIT property is ``"false"``, wait for the configured
-        durability (SYNC_FLUSH group commit) and replication (``replication_hook``)."""
+        durability (SYNC_FLUSH group commit) and replication (``replication_callback``)."""
         result = self.append_message(msg)
         if result.status is _PUT_OK:
             await self._await_durability(result, msg.properties.get(WAIT) != "false")
@@ -741,7 +744,7 @@ class MessageStore:
         """
         if result.status is not _PUT_OK:
             return None
-        if self._sync_flush or (wait and self.replication_hook is not None):
+        if self._sync_flush or (wait and self.replication_callback is not None):
             return self._await_durability(result, wait)
         return None
 
@@ -756,8 +759,17 @@ class MessageStore:
         hook(result.end_offset, on_done)
         return True
 
+    def _replica_future(self, end_offset: int) -> asyncio.Future[PutMessageStatus] | None:
+        """The replication outcome of ``end_offset`` as a future, for puts that also wait for a flush."""
+        hook = self.replication_callback
+        if hook is None:
+            return None
+        fut: asyncio.Future[PutMessageStatus] = asyncio.get_running_loop().create_future()
+        hook(end_offset, functools.partial(_settle, fut))
+        return fut
+
     async def _await_durability(self, result: PutResult, wait: bool) -> None:
-        hook = self.replication_hook if wait else None
+        hook = self._replica_future(result.end_offset) if wait else None
         if self.config.sync_flush:
             if not wait:
                 self._wake_flusher()
@@ -766,15 +778,14 @@ class MessageStore:
                     result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
                 return
             else:
-                flushed, replica = await asyncio.gather(self._wait_flushed(result.end_offset),
-                                                        hook(result.end_offset))
+                flushed, replica = await asyncio.gather(self._wait_flushed(result.end_offset), hook)
                 if not flushed:
                     result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
                 if replica is not PutMessageStatus.PUT_OK:
                     result.status = replica
                 return
         if hook is not None:
-            replica = await hook(result.end_offset)
+            replica = await hook
             if replica is not PutMessageStatus.PUT_OK:
                 result.status = replica
 

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import os
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -582,11 +582,11 @@ async def test_arrival_listener_and_replication_hook(store: MessageStore) -> Non
 
     ends: list[int] = []
 
-    async def hook(end_offset: int) -> PutMessageStatus:
+    def hook(end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
         ends.append(end_offset)
-        return P.FLUSH_SLAVE_TIMEOUT
+        on_done(P.FLUSH_SLAVE_TIMEOUT)
 
-    store.replication_hook = hook
+    store.replication_callback = hook
     r = await store.put_message(msg("T", 2))
     assert r.status is P.FLUSH_SLAVE_TIMEOUT and r.ok and ends == [r.end_offset]
     r = await store.put_message(msg("T", 2, WAIT="false"))
