@@ -18,6 +18,7 @@ COMPILED = [
     "broker/rmqbroker/remoting/server.py",
     "broker/rmqbroker/remoting/wire.py",
     "broker/rmqbroker/remoting/latency.py",
+    "broker/rmqbroker/ha/transfer.py",
     "broker/rmqbroker/processors/send.py",
     "broker/rmqbroker/store/record.py",
     "broker/rmqbroker/store/commitlog.py",

@@ -23,12 +23,12 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from rmqbroker.ha.epoch import EpochStore
-from rmqbroker.store.message_store import MessageStore, PutMessageStatus
+from rmqbroker.ha.transfer import GroupTransferService
+from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ class HAConnection(asyncio.Protocol):
         self.acked_offset = offset
         if self.request_offset < 0:
             self.request_offset = offset
+            svc.group_transfer.live_slaves += 1
             # A new slave catches up from the very beginning of what this master still has.
             self.transfer_from = offset if offset else store.min_phy_offset()
             self._last_write = time.monotonic()
@@ -323,6 +324,8 @@ class HAConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self.request_offset >= 0:
+            self.service.group_transfer.live_slaves -= 1
         self._bulk_stop.set()
         if self._timer is not None:
             self._timer.cancel()
@@ -336,60 +339,6 @@ class HAConnection(asyncio.Protocol):
                 await asyncio.wait_for(asyncio.shield(fut), 5)
 
 
-class _Waiter:
-    """One waiting put: resolved once, by an ack or by its timer."""
-
-    __slots__ = ("done", "end_offset", "on_done", "timer")
-
-    def __init__(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
-        self.end_offset = end_offset
-        self.on_done = on_done
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
-
-    def resolve(self, status: PutMessageStatus) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        try:
-            self.on_done(status)
-        except Exception:
-            log.exception("replication wait callback failed")
-
-
-class GroupTransferService:
-    """SYNC_MASTER waits: one slave ack releases every send up to its offset.
-
-    Waits are callbacks run from the ack itself (or a timer handle), so a waiting send costs no
-    task or coroutine, and its answer needs no extra loop pass after the ack.
-    """
-
-    def __init__(self, service: HAService) -> None:
-        self.service = service
-        self._waiters: collections.deque[_Waiter] = collections.deque()
-
-    def release(self, acked: int) -> None:
-        waiters = self._waiters
-        while waiters and waiters[0].end_offset <= acked:
-            waiters.popleft().resolve(PutMessageStatus.PUT_OK)
-
-    def wait_then(self, end_offset: int, on_done: Callable[[PutMessageStatus], None]) -> None:
-        """``on_done(status)`` with the replication outcome of an append ending at ``end_offset`` (§7.5)."""
-        svc = self.service
-        if not svc.slave_ok(end_offset):
-            on_done(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-        elif svc.push_to_slave_max_offset >= end_offset:
-            on_done(PutMessageStatus.PUT_OK)
-        else:
-            waiter = _Waiter(end_offset, on_done)
-            waiter.timer = asyncio.get_running_loop().call_later(
-                svc.config.sync_timeout, waiter.resolve, PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
-            # Appends are ordered, so the deque stays sorted by end offset.
-            self._waiters.append(waiter)
-
-
 class HAService:
     """Master-side HA listener and per-slave connections."""
 
@@ -398,11 +347,10 @@ class HAService:
         self.config = config
         self.epochs = epochs
         self.connections: set[HAConnection] = set()
-        self.push_to_slave_max_offset = 0
         self._pending_acks: collections.deque[tuple[int, float]] = collections.deque()
         self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self.rejected_reports = 0
-        self.group_transfer = GroupTransferService(self)
+        self.group_transfer = GroupTransferService(config.sync_timeout, config.slave_fallbehind_max)
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._push_scheduled = False
@@ -430,9 +378,13 @@ class HAService:
         for conn in list(self.connections):
             conn.push()
 
+    @property
+    def push_to_slave_max_offset(self) -> int:
+        """The highest offset any slave has acknowledged (Java's name)."""
+        return self.group_transfer.acked
+
     def on_ack(self, offset: int) -> None:
-        if offset > self.push_to_slave_max_offset:
-            self.push_to_slave_max_offset = offset
+        if offset > self.group_transfer.acked:
             self.group_transfer.release(offset)
             pending = self._pending_acks
             if pending and pending[0][0] <= offset:
@@ -452,8 +404,7 @@ class HAService:
                 "max": round(samples[-1] * 1000, 3)}
 
     def slave_ok(self, master_put_where: int) -> bool:
-        live = [c for c in self.connections if not c.closed and c.request_offset >= 0]
-        return bool(live) and master_put_where - self.push_to_slave_max_offset < self.config.slave_fallbehind_max
+        return self.group_transfer.slave_ok(master_put_where)
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -476,7 +427,7 @@ class HAService:
                 await asyncio.wait_for(self._server.wait_closed(), 5)
             self._server = None
         self.executor.shutdown(wait=False)
-        self.group_transfer.release(1 << 62)
+        self.group_transfer.fail_all()
 
     def slaves_status(self) -> list[dict[str, object]]:
         max_offset = self.store.max_phy_offset()

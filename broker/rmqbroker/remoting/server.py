@@ -273,7 +273,7 @@ class Connection(asyncio.Protocol):
             n += len(body)
         self.server.stats.bytes_out += n
         if len(out) <= 2:
-            asyncio.get_running_loop().call_soon(self._flush_out)
+            self.server.schedule_flush(self)
 
     def _send_frame(self, frame: bytes) -> None:
         """Queue a complete encoded frame, like :meth:`send_response`."""
@@ -284,7 +284,7 @@ class Connection(asyncio.Protocol):
         out.append(frame)
         self.server.stats.bytes_out += len(frame)
         if len(out) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_out)
+            self.server.schedule_flush(self)
 
     def _flush_out(self) -> None:
         out = self._out
@@ -327,12 +327,33 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self.latency = RequestLatency()
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Connections with queued output, written by one callback at the end of the loop pass.
+        self._dirty: list[Connection] = []
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler
 
+    def schedule_flush(self, conn: Connection) -> None:
+        """Have ``conn``'s queued output written at the end of this loop pass: one callback per
+        pass for every connection answered in it (not one per connection), and the loop is
+        cached, since ``asyncio.get_running_loop()`` makes a ``getpid`` system call each time."""
+        dirty = self._dirty
+        dirty.append(conn)
+        if len(dirty) == 1:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        dirty = self._dirty
+        self._dirty = []
+        for conn in dirty:
+            conn._flush_out()
+
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port,
                                                 reuse_address=True, backlog=1024)
         # A list under uvloop where typeshed declares a tuple: read it untyped, or mypyc's
