@@ -9,7 +9,8 @@
     sample of sends the time from the send's acknowledgement until the slave's HA ack covers it
     (read from the master's /status) — reported as p50/p99 replication lag.
 (c) ``syncasync``: 16 concurrent producers for a fixed time against an ASYNC_MASTER and then a
-    SYNC_MASTER (each with one slave); throughput of each and the ratio SYNC/ASYNC.
+    SYNC_MASTER (each with one slave); throughput of each and the ratio SYNC/ASYNC, with the
+    master's and the slave's CPU per message over the same window (where the SYNC surcharge goes).
 
 Usage: ``python bench/ha_bench.py [catchup|lag|syncasync|all] [--gib 1.0] [--seconds 10]``.
 """
@@ -254,6 +255,7 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     """
     rates: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     latency_ms: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
+    cpu_us: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     for r in range(rounds):
         for role in ("ASYNC_MASTER", "SYNC_MASTER"):
             name = f"bench-{role.lower().replace('_', '-')}-{r}"
@@ -264,26 +266,42 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
             slave.start()
             try:
                 time.sleep(1)
+                assert master.popen is not None and slave.popen is not None
+                pids = (master.popen.pid, slave.popen.pid)
                 if client == "lean":
-                    count, p50 = _closed_loop_lean(master.addr, producers, seconds)
+                    count, p50, cpu = _closed_loop_lean(master.addr, producers, seconds, pids=pids)
                 else:
+                    cpu = (float("nan"), float("nan"))
                     count, p50 = asyncio.run(_closed_loop(master.addr, producers, seconds)), float("nan")
             finally:
                 slave.stop()
                 master.stop()
             rates[role].append(count / seconds)
             latency_ms[role].append(p50)
-            print(f"[syncasync] round {r} {role}: {count / seconds:.0f} msg/s, p50 {p50:.3f} ms", flush=True)
+            per_msg = tuple(c / count * 1e6 if count else float("nan") for c in cpu)
+            cpu_us[role].append(per_msg[0])
+            print(f"[syncasync] round {r} {role}: {count / seconds:.0f} msg/s, p50 {p50:.3f} ms, CPU/msg "
+                  f"master {per_msg[0]:.1f} us, slave {per_msg[1]:.1f} us", flush=True)
     out: dict[str, Any] = {role: {"msgs_per_s_median": statistics.median(v), "rounds": v,
-                                  "p50_latency_ms": latency_ms[role]} for role, v in rates.items()}
+                                  "p50_latency_ms": latency_ms[role],
+                                  "master_cpu_us_per_msg": cpu_us[role]} for role, v in rates.items()}
     out["ratio_sync_async"] = out["SYNC_MASTER"]["msgs_per_s_median"] / out["ASYNC_MASTER"]["msgs_per_s_median"]
     out["client"] = client
     return out
 
 
-def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0) -> tuple[int, float]:
-    """Acks inside the window and their median latency (ms), from send_bench's lean generator
-    in a separate process: ``producers`` connections with one request in flight each."""
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (s)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0,
+                      pids: tuple[int, ...] = ()) -> tuple[int, float, tuple[float, ...]]:
+    """Acks inside the window, their median latency (ms) and the CPU seconds each of ``pids``
+    used in the window, from send_bench's lean generator in a separate process: ``producers``
+    connections with one request in flight each."""
     from send_bench import WorkerConfig, lean_worker, make_body
 
     ctx = mp.get_context("spawn")
@@ -297,6 +315,10 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
         assert kind == "ready", kind
         t0 = time.time() + warmup
         parent.send(("go", t0, t0 + seconds))
+        time.sleep(max(0.0, t0 - time.time()))
+        cpu0 = [_cpu_seconds(p) for p in pids]
+        time.sleep(max(0.0, t0 + seconds - time.time()))
+        cpu = tuple(_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True))
         kind, result = parent.recv()
         assert kind == "result", kind
     finally:
@@ -304,7 +326,7 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
     if result.errors_window:
         print(f"[syncasync] errors in window: {result.error_kinds}", flush=True)
     lat = sorted(array("q", result.latencies_ns))
-    return int(result.acked_window), (lat[len(lat) // 2] / 1e6 if lat else float("nan"))
+    return int(result.acked_window), (lat[len(lat) // 2] / 1e6 if lat else float("nan")), cpu
 
 
 async def _closed_loop(addr: str, producers: int, seconds: float) -> int:
