@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.procs import free_port, free_port_block
+from tests.support.procs import free_port_block
 
 
 def test_local_group_up_once(tmp_path: Path) -> None:
@@ -16,11 +16,17 @@ def test_local_group_up_once(tmp_path: Path) -> None:
         "apiVersion: rmq.brokergroup.dev/v1alpha1\nkind: BrokerGroup\nmetadata: {name: local-a}\n"
         "spec:\n  replicas: 2\n  replication: SYNC\n  masterDiscovery: NameServer\n"
         "  brokerConfig: {defaultTopicQueueNums: '2'}\n")
-    base = free_port_block(30)
-    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
-                          "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
-                          "--namesrv-port", str(free_port())],
-                         capture_output=True, text=True, timeout=120, check=False)
+    for _attempt in range(3):
+        # Ports probed free can be taken by another process before rmq-local binds them; it
+        # refuses busy ports up front, so a fresh pick is a clean retry.
+        base = free_port_block(30)
+        namesrv_port = base + 29  # brokers use base + 10 * id + {0, 1, 5}
+        out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
+                              "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
+                              "--namesrv-port", str(namesrv_port)],
+                             capture_output=True, text=True, timeout=120, check=False)
+        if "ports in use" not in out.stderr:
+            break
     assert out.returncode == 0, out.stderr + out.stdout
     lines = out.stdout.splitlines()
     table = lines[lines.index(next(line for line in lines if line.startswith("ID"))) + 1:]
@@ -49,7 +55,7 @@ def test_local_group_stops_every_process_on_sigterm(tmp_path: Path) -> None:
     base = free_port_block(30)
     proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(manifest),
                              "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
-                             "--namesrv-port", str(free_port())],
+                             "--namesrv-port", str(base + 29)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         state = tmp_path / "data" / "state.json"

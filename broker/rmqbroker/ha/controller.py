@@ -148,6 +148,8 @@ class ReplicationController:
         except EpochError as exc:
             self._apply_role()
             raise RoleChangeError(str(exc)) from exc
+        # Acks this broker took as a master of an earlier term say nothing about the new one.
+        self.ha.group_transfer.reset()
         self.ctx.role = role
         self._apply_role()
 
@@ -155,6 +157,8 @@ class ReplicationController:
         await asyncio.to_thread(self.epochs.set_epoch, epoch)
         self.ctx.role = "SLAVE"
         self._apply_role()
+        # Sends still waiting for a slave of this term will not get one.
+        self.ha.group_transfer.reset()
 
     # -- status --
     def status(self) -> dict[str, Any]:

@@ -107,6 +107,13 @@ class GroupTransferService:
         if waiters:
             self._timer = loop.call_at(waiters[0].deadline, self._expire)
 
+    def reset(self) -> None:
+        """Forget what slaves acknowledged (a role change): acks of an earlier term may cover
+        offsets this log has since truncated and rewritten, which no slave of the new term holds.
+        Waits still queued end as not replicated."""
+        self.fail_all()
+        self.acked = 0
+
     def fail_all(self) -> None:
         """Shutdown: no ack will come any more, so every wait ends now as not replicated (stored
         on this master, FLUSH_SLAVE_TIMEOUT, as when its deadline passes)."""

@@ -99,3 +99,19 @@ async def test_shutdown_fails_every_wait_as_not_replicated() -> None:
         gts.wait_then(end, on(end))
     gts.fail_all()
     assert got == {1: TIMEOUT, 2: TIMEOUT} and len(gts) == 0
+
+
+async def test_reset_forgets_acks_of_an_earlier_term() -> None:
+    gts = _service(5.0)
+    got, on = _collect()
+    gts.release(1000)
+    gts.wait_then(500, on(500))
+    assert got == {500: OK}
+    gts.wait_then(2000, on(2000))
+    # A role change: the log may have been truncated below 1000 and rewritten since.
+    gts.reset()
+    assert got[2000] is TIMEOUT and gts.acked == 0
+    gts.wait_then(600, on(600))
+    assert 600 not in got and len(gts) == 1  # waits for a slave of the new term
+    gts.release(600)
+    assert got[600] is OK
