@@ -378,11 +378,6 @@ class HAService:
         for conn in list(self.connections):
             conn.push()
 
-    @property
-    def push_to_slave_max_offset(self) -> int:
-        """The highest offset any slave has acknowledged (Java's name)."""
-        return self.group_transfer.acked
-
     def on_ack(self, offset: int) -> None:
         if offset > self.group_transfer.acked:
             self.group_transfer.release(offset)
