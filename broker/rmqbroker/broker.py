@@ -100,8 +100,8 @@ class Broker:
         self.started_ms = 0
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
-        self.registry, self._latency = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels,
-                                                      self.server.latency)
+        self.registry = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels,
+                                       self.server.latency)
         self.admin: AdminServer | None = None
         if settings.adminListenPort:
             self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=settings.admin_token(),

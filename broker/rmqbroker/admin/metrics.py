@@ -86,10 +86,9 @@ class LatencyHistogram(Collector):
 
 def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
                    labels: dict[str, str], latency_source: RequestLatency | None = None,
-                   ) -> tuple[CollectorRegistry, LatencyHistogram]:
+                   ) -> CollectorRegistry:
     """A registry with the counters collector and the request-latency histogram (by request code)."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(stats, remoting, gauges, labels))
-    latency = LatencyHistogram(labels, latency_source)
-    registry.register(latency)
-    return registry, latency
+    registry.register(LatencyHistogram(labels, latency_source))
+    return registry

@@ -122,10 +122,6 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
         return _send_header_checked(normalize_send_v2(ext))
 
 
-def _ip_bytes(host: str) -> bytes:
-    return rec.ip_to_bytes(host)
-
-
 class SendMessageProcessor:
     """Stores messages sent by producers and failed messages sent back by consumers."""
 
