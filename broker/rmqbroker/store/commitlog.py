@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from rmqbroker.store.record import (
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
     MIN_RECORD_SIZE,
+    body_crc,
     check_record,
     peek_size_magic,
     record_header_fields,
@@ -126,7 +126,7 @@ class CommitLog:
         phy = mf.file_from_offset + pos
         store_ts = time.time_ns() // 1_000_000
         write_record_into(
-            mf.mm, pos, size, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, queue_offset, phy, sys_flag,
+            mf.mm, pos, size, body_crc(body), queue_id, flag, queue_offset, phy, sys_flag,
             born_timestamp, born_ip, born_port, store_ts, store_ip, store_port, reconsume_times,
             prepared_transaction_offset, body, tail,
         )
@@ -166,7 +166,7 @@ class CommitLog:
         for flag, body, tail, size in entries:
             phy = base + pos
             write_record_into(
-                mm, pos, size, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, qoff, phy, sys_flag,
+                mm, pos, size, body_crc(body), queue_id, flag, qoff, phy, sys_flag,
                 born_timestamp, born_ip, born_port, store_ts, store_ip, store_port, reconsume_times, 0,
                 body, tail,
             )

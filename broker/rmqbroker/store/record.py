@@ -11,12 +11,19 @@ import mmap
 import socket
 import struct
 import sys
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 from rmqbroker.store.errors import CorruptRecordError, MessageIdError
+
+try:
+    # ISA-L's CRC32 (same polynomial and values as zlib's) folds with carry-less multiplication:
+    # ~4x faster than zlib 1.2's table on a 1 KiB body and ~9x on the megabytes a recovery or a
+    # verification job checks.
+    import isal.isal_zlib as _crc_impl
+except ImportError:  # no isal wheel for this platform
+    import zlib as _crc_impl  # type: ignore[no-redef]
 
 # Buffers records are read from / written into: mapped segments, response bodies, scratch arrays.
 ReadBuffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
@@ -147,7 +154,7 @@ def record_size(sys_flag: int, body_len: int, tail_len: int) -> int:
 
 def body_crc(body: bytes | bytearray | memoryview) -> int:
     """BODYCRC as RocketMQ stores it: CRC32 masked to a non-negative int."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return _crc_impl.crc32(body) & 0x7FFFFFFF
 
 
 # -- Java String.hashCode -------------------------------------------------------------------------
@@ -500,7 +507,7 @@ def check_record(buf: ReadBuffer, pos: int, check_crc: bool = True, limit: int |
         stored = _I32.unpack_from(buf, pos + 8)[0]
         start = pos + hsize
         with memoryview(buf) as view:
-            actual = zlib.crc32(view[start:start + body_len]) & 0x7FFFFFFF
+            actual = _crc_impl.crc32(view[start:start + body_len]) & 0x7FFFFFFF
         if actual != stored:
             raise CorruptRecordError(f"record at {pos}: body CRC {actual} != stored {stored}", pos)
     return int(total)
@@ -612,7 +619,7 @@ def verify_record(buf: ReadBuffer, pos: int) -> tuple[int, bool, str, int, int, 
     if p + 2 + _U16.unpack_from(buf, p)[0] != end:
         raise CorruptRecordError(f"record at {pos}: TOTALSIZE {total} disagrees with its fields", pos)
     with memoryview(buf) as view:
-        crc_ok = zlib.crc32(view[start:start + body_len]) & 0x7FFFFFFF == crc
+        crc_ok = _crc_impl.crc32(view[start:start + body_len]) & 0x7FFFFFFF == crc
     store_ts = _I64.unpack_from(buf, pos + (68 if sys_flag & BORNHOST_V6 else 56))[0]
     topic = bytes(buf[t:p]).decode("utf-8", "replace")
     props = bytes(buf[p + 2:end]).decode("utf-8", "replace")
