@@ -507,7 +507,7 @@ def check_record(buf: ReadBuffer, pos: int, check_crc: bool = True, limit: int |
         stored = _I32.unpack_from(buf, pos + 8)[0]
         start = pos + hsize
         with memoryview(buf) as view:
-            actual = _crc_impl.crc32(view[start:start + body_len]) & 0x7FFFFFFF
+            actual = body_crc(view[start:start + body_len])
         if actual != stored:
             raise CorruptRecordError(f"record at {pos}: body CRC {actual} != stored {stored}", pos)
     return int(total)
@@ -619,7 +619,7 @@ def verify_record(buf: ReadBuffer, pos: int) -> tuple[int, bool, str, int, int, 
     if p + 2 + _U16.unpack_from(buf, p)[0] != end:
         raise CorruptRecordError(f"record at {pos}: TOTALSIZE {total} disagrees with its fields", pos)
     with memoryview(buf) as view:
-        crc_ok = _crc_impl.crc32(view[start:start + body_len]) & 0x7FFFFFFF == crc
+        crc_ok = body_crc(view[start:start + body_len]) == crc
     store_ts = _I64.unpack_from(buf, pos + (68 if sys_flag & BORNHOST_V6 else 56))[0]
     topic = bytes(buf[t:p]).decode("utf-8", "replace")
     props = bytes(buf[p + 2:end]).decode("utf-8", "replace")
