@@ -3,9 +3,9 @@
 (a) ``catchup``: a master holding a large commitlog (default 1 GiB, written through the store API
     before the broker starts), an empty slave started against it; the rate at which the master
     receives the slave's acks (offset and time of each ack from the master's /status), from the
-    first acked bytes until the slave acked the whole log. In the same run, raw loopback socket throughput (sendfile of
-    the same segment files into a recv_into loop in another process) is measured and the ratio
-    catch-up / raw printed, and so is the ceiling of the slave's own kernel path: the same
+    first acked bytes until the slave acked the whole log. In the same run, raw loopback socket
+    throughput (sendfile of the same segment files into a recv_into loop in another process) is
+    measured and the ratio catch-up / raw printed, and so is the ceiling of the slave's own kernel path: the same
     sendfile stream spliced socket -> pipe -> a file (no broker), with its ratio to raw.
 (b) ``lag``: a steady 5,000 msg/s stream of 1 KiB sends to an ASYNC master with one slave; for a
     sample of sends the time from the send's acknowledgement until the slave's HA ack covers it
@@ -83,43 +83,53 @@ def fill_store(store_dir: Path, total_bytes: int, body_size: int) -> int:
     return asyncio.run(run())
 
 
+def _splice_into(conn: socket.socket, sink: str, total: int) -> int:
+    """The slave's kernel path without a broker: splice socket -> pipe -> a pre-sized file, blocks
+    allocated ahead as the slave's receiver does. Bytes moved."""
+    fd = os.open(sink, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
+        os.ftruncate(fd, total)  # sized up front, like a commitlog segment
+        got = allocated = 0
+        while got < total:
+            if got + (1 << 20) > allocated:
+                os.posix_fallocate(fd, allocated, 64 << 20)
+                allocated += 64 << 20
+            n = os.splice(conn.fileno(), w, min(1 << 20, total - got))
+            if n == 0:
+                break
+            moved = 0
+            while moved < n:
+                moved += os.splice(r, fd, n - moved, offset_dst=got + moved)
+            got += n
+        return got
+    finally:
+        for x in (r, w, fd):
+            os.close(x)
+        os.unlink(sink)
+
+
 def _raw_receiver(port_q: Any, total: int, result_q: Any, sink: str | None = None) -> None:
-    """Receive ``total`` bytes: into one reused buffer, or (``sink`` = a file path) the slave's
-    kernel path without a broker: splice socket -> pipe -> file, blocks allocated ahead."""
+    """Receive ``total`` bytes into one reused buffer, or with ``sink`` through :func:`_splice_into`."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
         port_q.put(srv.getsockname()[1])
         conn, _ = srv.accept()
-        buf = bytearray(4 * 1024 * 1024)
-        view = memoryview(buf)
-        got = allocated = 0
-        fd = os.open(sink, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) if sink else -1
-        r, w = os.pipe() if sink else (-1, -1)
-        if sink:
-            fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
-            os.ftruncate(fd, total)  # sized up front, like a commitlog segment
-        start = time.perf_counter()
-        while got < total:
+        with conn:
+            start = time.perf_counter()
             if sink:
-                if got + (1 << 20) > allocated:
-                    os.posix_fallocate(fd, allocated, 64 << 20)
-                    allocated += 64 << 20
-                n = os.splice(conn.fileno(), w, min(1 << 20, total - got))
-                moved = 0
-                while moved < n:
-                    moved += os.splice(r, fd, n - moved, offset_dst=got + moved)
+                got = _splice_into(conn, sink, total)
             else:
-                n = conn.recv_into(view)
-            if n == 0:
-                break
-            got += n
-        result_q.put((got, time.perf_counter() - start))
-        conn.close()
-        if sink:
-            for x in (r, w, fd):
-                os.close(x)
-            os.unlink(sink)
+                view = memoryview(bytearray(4 * 1024 * 1024))
+                got = 0
+                while got < total:
+                    n = conn.recv_into(view)
+                    if n == 0:
+                        break
+                    got += n
+            result_q.put((got, time.perf_counter() - start))
 
 
 def raw_loopback(files: list[Path], total: int, sink: Path | None = None) -> float:
@@ -339,19 +349,12 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (s)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0,
                       pids: tuple[int, ...] = ()) -> tuple[int, float, tuple[float, ...]]:
     """Acks inside the window, their median latency (ms) and the CPU seconds each of ``pids``
     used in the window, from send_bench's lean generator in a separate process: ``producers``
     connections with one request in flight each."""
-    from send_bench import WorkerConfig, lean_worker, make_body
+    from send_bench import WorkerConfig, lean_worker, make_body, proc_cpu_seconds
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -365,9 +368,9 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
         t0 = time.time() + warmup
         parent.send(("go", t0, t0 + seconds))
         time.sleep(max(0.0, t0 - time.time()))
-        cpu0 = [_cpu_seconds(p) for p in pids]
+        cpu0 = [proc_cpu_seconds(p) for p in pids]
         time.sleep(max(0.0, t0 + seconds - time.time()))
-        cpu = tuple(_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True))
+        cpu = tuple(proc_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True))
         kind, result = parent.recv()
         assert kind == "result", kind
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +13,7 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.store.record import body_crc
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class BrokerOuterApi:
             wire.CLUSTER_NAME: cluster_name,
             wire.HA_SERVER_ADDR: ha_server_addr,
             wire.COMPRESSED: "false",
-            wire.BODY_CRC32: str(zlib.crc32(body) & 0x7FFFFFFF),
+            wire.BODY_CRC32: str(body_crc(body)),
         }
 
         async def one(addr: str) -> RegisterResult | None:
