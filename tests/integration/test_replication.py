@@ -382,3 +382,11 @@ def test_bulk_catchup_then_restart_consume_queues_agree(cluster: Cluster) -> Non
     assert_replicas_identical(master, [slave])
     st = slave.status()
     assert st["ha"]["connected"] is True and st["maxPhyOffset"] == master.status()["maxPhyOffset"]
+    # A slave's periodic flushes wait while a catch-up streams, not beyond it (well within the
+    # 10 s thorough interval that bounds any deferral).
+    late = cluster.broker(None, name="broker-b", broker_id=2, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                          maxMessageSize=1024 * 1024, haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    end = master.status()["maxPhyOffset"]
+    poll(lambda: late.status()["maxPhyOffset"] == end, 30, interval=0.01, what="late slave caught up")
+    poll(lambda: late.status()["flushedPhyOffset"] == end, 5, interval=0.05, what="late slave flushed")
+    assert_replicas_identical(master, [slave, late])

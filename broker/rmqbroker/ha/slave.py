@@ -269,8 +269,11 @@ class _Receiver:
             left -= have
             self._advance(pos)
         if size > SPLICE_MIN:
-            # A catch-up: tells the reput pacing to keep consume-queue dispatch to a trickle.
-            self.client.catchup_until = time.monotonic() + CATCHUP_LINGER_SECONDS
+            # A catch-up: consume-queue dispatch keeps to a trickle and periodic flushes wait,
+            # so that the receiver has the CPU.
+            until = time.monotonic() + CATCHUP_LINGER_SECONDS
+            self.client.catchup_until = until
+            self.client.store.defer_periodic_flush(until)
 
     def _segment_for(self, pos: int) -> tuple[MappedFile, int]:
         """The segment holding ``pos`` and the room left in it from there."""

@@ -14,6 +14,7 @@ import fcntl
 import functools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -282,6 +283,8 @@ class MessageStore:
         self._logics_ts = 0
         self._flush_waiters: deque[tuple[int, asyncio.Future[bool]]] = deque()
         self._flush_event: asyncio.Event | None = None
+        # ASYNC_FLUSH periodic flushes wait until this time.monotonic() (see defer_periodic_flush).
+        self._flush_deferred_until = 0.0
         self._stop_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -843,9 +846,20 @@ class MessageStore:
         self._release_flush_waiters(flushed)
         return flushed
 
+    def defer_periodic_flush(self, until: float) -> None:
+        """ASYNC_FLUSH: skip the periodic commitlog flushes until ``until`` (``time.monotonic()``),
+        except the thorough one; callable from any thread.
+
+        A slave catching up calls this while bulk frames arrive: writing back what it received
+        would compete for the CPU with receiving the rest, and its acks never promised a flush
+        (RocketMQ's slaves ack written bytes too). The flush after the catch-up writes it all.
+        SYNC_FLUSH is not affected.
+        """
+        self._flush_deferred_until = max(self._flush_deferred_until, until)
+
     async def _commitlog_flusher(self) -> None:
         """SYNC_FLUSH: group commit whenever a put waits (and on every interval).  ASYNC_FLUSH: every
-        interval once enough pages are dirty, and thoroughly now and then."""
+        interval once enough pages are dirty (unless deferred), and thoroughly now and then."""
         assert self._flush_event is not None and self._stop_event is not None
         event = self._flush_event
         cfg = self.config
@@ -865,9 +879,14 @@ class MessageStore:
             if self._stopping:
                 break
             dirty = self.commitlog.max_offset() - self.commitlog.flushed_offset()
-            if not self._flush_waiters and (dirty <= 0 or (
-                    not sync and dirty < least and loop.time() - last_flush < thorough)):
-                continue
+            if not self._flush_waiters:
+                if dirty <= 0:
+                    # Everything is on disk now: the thorough interval counts from here.
+                    last_flush = loop.time()
+                    continue
+                if not sync and (dirty < least or time.monotonic() < self._flush_deferred_until) \
+                        and loop.time() - last_flush < thorough:
+                    continue
             try:
                 flushed = await asyncio.to_thread(self._flush_commitlog_sync)
             except StoreError:

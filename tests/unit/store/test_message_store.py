@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -310,6 +311,52 @@ async def test_async_flush_waits_for_least_pages(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert store.flushed_phy_offset() == store.max_phy_offset()
     await store.shutdown()
+
+
+async def _flushed_within(store: MessageStore, seconds: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if store.flushed_phy_offset() == store.max_phy_offset():
+            return True
+        await asyncio.sleep(0.01)
+    return store.flushed_phy_offset() == store.max_phy_offset()
+
+
+async def test_deferred_periodic_flush(tmp_path: Path) -> None:
+    """A catching-up slave defers ASYNC_FLUSH's periodic flushes; they resume when the deferral
+    ends, the thorough interval still bounds it, and SYNC_FLUSH ignores it."""
+    store = MessageStore(make_config(tmp_path / "d", flush_interval_commit_log_ms=10))
+    await store.start()
+    try:
+        store.defer_periodic_flush(time.monotonic() + 0.4)
+        await store.put_message(msg(body=b"x" * 20000))
+        assert not await _flushed_within(store, 0.2)
+        assert store.flushed_phy_offset() == 0
+        assert await _flushed_within(store, 2.0)
+    finally:
+        await store.shutdown()
+
+    bounded = MessageStore(make_config(tmp_path / "t", flush_interval_commit_log_ms=10,
+                                       flush_commit_log_thorough_interval_ms=300))
+    await bounded.start()
+    try:
+        await asyncio.sleep(0.05)
+        bounded.defer_periodic_flush(time.monotonic() + 3600)
+        await bounded.put_message(msg(body=b"y" * 20000))
+        assert not await _flushed_within(bounded, 0.1)
+        assert await _flushed_within(bounded, 2.0)
+    finally:
+        await bounded.shutdown()
+
+    sync = MessageStore(make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH"))
+    await sync.start()
+    try:
+        sync.defer_periodic_flush(time.monotonic() + 3600)
+        r = await sync.put_message(msg(body=b"z" * 20000))
+        assert r.status is P.PUT_OK
+        assert sync.flushed_phy_offset() >= r.end_offset
+    finally:
+        await sync.shutdown()
 
 
 async def test_delay_put(store: MessageStore) -> None:
