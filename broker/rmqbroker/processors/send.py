@@ -6,7 +6,6 @@ is touched, so a rejected send never leaves bytes behind.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import zlib
@@ -232,19 +231,13 @@ class SendMessageProcessor:
         if store.replication_callback is not None:
             # SYNC_MASTER with ASYNC_FLUSH: answered from the slave ack itself (no task per send,
             # no loop pass between the ack and the answer).
-            answer = Deferred()
-            if store.replicate_then(result, wait, functools.partial(self._replicated, answer, cmd, result, queue_id)):
+            answer = _ReplicatedAnswer(self, cmd, result, queue_id)
+            if store.replicate_then(result, wait, answer.replicated):
                 return answer
         pending = store.durability_wait(result, wait)
         if pending is None:
             return self._response(cmd, result, queue_id, len(cmd.body))
         return self._respond_after(pending, cmd, result, queue_id)
-
-    def _replicated(self, answer: Deferred, cmd: RemotingCommand, result: PutResult, queue_id: int,
-                    status: PutMessageStatus) -> None:
-        if status is not PutMessageStatus.PUT_OK:
-            result.status = status
-        answer.resolve(self._response(cmd, result, queue_id, len(cmd.body)))
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> Answer:
@@ -371,3 +364,24 @@ class SendMessageProcessor:
             ctx.stats.msgs_in += 1
             return cmd.make_response(ResponseCode.SUCCESS)
         return cmd.make_response(ResponseCode.SYSTEM_ERROR, result.status.name)
+
+
+class _ReplicatedAnswer(Deferred):
+    """A SYNC_MASTER send's answer: built and handed to the connection when the replication
+    outcome is known (the slave ack that covers it, its timeout, or shutdown). One object per
+    send carries what the response needs, rather than callback partials."""
+
+    def __init__(self, processor: SendMessageProcessor, cmd: RemotingCommand, result: PutResult,
+                 queue_id: int) -> None:
+        super().__init__()
+        self.processor = processor
+        self.cmd = cmd
+        self.result = result
+        self.queue_id = queue_id
+
+    def replicated(self, status: PutMessageStatus) -> None:
+        result = self.result
+        if status is not _PUT_OK:
+            result.status = status
+        cmd = self.cmd
+        self.resolve(self.processor._response(cmd, result, self.queue_id, len(cmd.body)))

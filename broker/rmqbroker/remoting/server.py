@@ -38,12 +38,17 @@ Response = RemotingCommand | bytes | None
 
 class Deferred:
     """An answer a callback will give later (e.g. on a slave's ack): resolving it hands the response
-    to the connection at once, without the loop pass an asyncio future's callbacks take."""
+    to the connection at once, without the loop pass an asyncio future's callbacks take.
 
-    __slots__ = ("_done", "_response", "_then")
+    The server attaches the connection and request it answers (:meth:`attach`) instead of a
+    callback object, so that a deferred answer costs no allocation beyond itself. Compiled code
+    may subclass it to carry what the answer is built from.
+    """
 
     def __init__(self) -> None:
-        self._then: Callable[[Response], None] | None = None
+        self._conn: Connection | None = None
+        self._cmd: RemotingCommand | None = None
+        self._started = 0.0
         self._done = False
         self._response: Response = None
 
@@ -51,19 +56,25 @@ class Deferred:
         if self._done:
             return
         self._done = True
-        then = self._then
-        if then is None:
+        conn = self._conn
+        if conn is None:
             self._response = response
         else:
-            self._then = None
-            then(response)
+            cmd = self._cmd
+            self._conn = self._cmd = None
+            assert cmd is not None
+            conn._finish(cmd, response, started=self._started)
 
-    def then(self, callback: Callable[[Response], None]) -> None:
+    def attach(self, conn: Connection, cmd: RemotingCommand, started: float) -> None:
+        """Server: the answer goes to ``conn`` for ``cmd`` (at once if it is already known)."""
         if self._done:
-            callback(self._response)
+            response = self._response
             self._response = None
+            conn._finish(cmd, response, started=started)
         else:
-            self._then = callback
+            self._conn = conn
+            self._cmd = cmd
+            self._started = started
 
 
 Handler = Callable[["Connection", RemotingCommand], Response | Deferred | Awaitable[Response]]
@@ -208,7 +219,7 @@ class Connection(asyncio.Protocol):
             self._finish(cmd, result, started=started)
             return
         if isinstance(result, Deferred):
-            result.then(functools.partial(self._finish, cmd, started=started))
+            result.attach(self, cmd, started)
             return
         if isinstance(result, asyncio.Future):
             # An answer that a callback will provide (e.g. a slave ack): no task needed.
