@@ -28,6 +28,7 @@ from rmqbroker.processors.context import BrokerContext
 from rmqbroker.processors.offsets import OffsetProcessor
 from rmqbroker.processors.pull import PullMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
+from rmqbroker.remoting.client import split_addr
 from rmqbroker.remoting.server import RemotingServer
 from rmqbroker.runtime import Supervisor
 from rmqbroker.schedule import ScheduleMessageService
@@ -238,9 +239,9 @@ class Broker:
         ha_addr = body.get("haAddress")
         broker_addr = body.get("brokerAddress")
         epoch = body.get("epoch")
-        if not isinstance(ha_addr, str) or ":" not in ha_addr:
+        if not isinstance(ha_addr, str) or not _is_host_port(ha_addr):
             return json_error(400, "haAddress (host:port) is required")
-        if broker_addr is not None and (not isinstance(broker_addr, str) or ":" not in broker_addr):
+        if broker_addr is not None and (not isinstance(broker_addr, str) or not _is_host_port(broker_addr)):
             return json_error(400, "brokerAddress must be host:port")
         if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
             return json_error(400, "epoch must be an integer")
@@ -350,6 +351,14 @@ class Broker:
         if self.admin is not None:
             await self.admin.stop()
         log.info("broker stopped")
+
+
+def _is_host_port(addr: str) -> bool:
+    try:
+        host, port = split_addr(addr)
+    except ValueError:
+        return False
+    return bool(host) and 0 < port < 65536
 
 
 def read_conf(path: str | None) -> str | None:

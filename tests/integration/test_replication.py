@@ -312,6 +312,12 @@ def test_admin_control_auth_and_bad_json(cluster: Cluster) -> None:
         assert code == 401
     code, body = b.admin("/ha/master", "POST", b"{not json")
     assert code == 400 and b"malformed JSON" in body
+    for bad in ("127.0.0.1:abc", "127.0.0.1:", ":10912", "127.0.0.1:70000"):
+        code, body = b.admin("/ha/master", "POST", json.dumps({"haAddress": bad}).encode())
+        assert code == 400 and b"haAddress" in body, bad
+        code, body = b.admin("/ha/master", "POST", json.dumps({"haAddress": "127.0.0.1:1",
+                                                              "brokerAddress": bad}).encode())
+        assert code == 400 and b"brokerAddress" in body, bad
     code, body = b.admin("/role", "POST", json.dumps({"role": "KING", "brokerId": 0, "epoch": 1}).encode())
     assert code == 409 and b"role must be" in body
     code, body = b.admin("/commitlog?offset=-1&length=5")

@@ -62,14 +62,20 @@ def divergence_offset(own: list[EpochEntry], master: list[EpochEntry], master_ma
     """Offset beyond which this log may differ from the master's.
 
     The last epoch present in both histories ends, on the master, where the master's next epoch
-    starts (or at the master's log end if it is the master's current epoch).
+    starts (or at the master's log end if it is the master's current epoch), and on this broker
+    where its own next epoch starts: bytes this broker wrote in an epoch the master never had
+    are not the master's, whichever of the two began first.
     """
     own = _with_origin(own)
     master = _with_origin(master)
     master_epochs = {e.epoch for e in master}
     last = max(e.epoch for e in own if e.epoch in master_epochs)
     later = [e for e in master if e.epoch > last]
-    return later[0].start_offset if later else master_max
+    point = later[0].start_offset if later else master_max
+    own_later = [e for e in own if e.epoch > last]
+    if own_later:
+        point = min(point, own_later[0].start_offset)
+    return point
 
 
 class EpochStore:

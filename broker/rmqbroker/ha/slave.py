@@ -551,6 +551,10 @@ class HAClient:
             except (StreamMismatchError, StoreError) as exc:
                 self.mismatches += 1
                 log.error("HA stream from %s refused: %s", addr, exc)
+            except Exception:
+                # Whatever went wrong with this master (an unusable address included), the task
+                # lives on: it retries with back-off and follows the next re-point.
+                log.exception("HA connection to %s failed", addr)
             finally:
                 self.connected = False
             if self._changed.is_set():
