@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -288,6 +289,32 @@ def test_promote_repoint_demote_converge(cluster: Cluster) -> None:
     st = a.status()
     assert st["epoch"] == 1 and st["role"] == "SLAVE"
     assert b.status()["maxPhyOffset"] < divergent_end + 30 * 200
+
+
+def test_demoted_master_drops_its_slave_connections(cluster: Cluster) -> None:
+    """A master that is demoted closes the HA connections it serves at once (discarding what was
+    queued for them): its log may be truncated next, so no slave may go on streaming from it."""
+    master = cluster.broker(None, name="broker-k")
+    assert send_raw(master.addr, "KTopic", b"k" * 100).code == 0
+    with socket.create_connection(("127.0.0.1", master.port + 1), timeout=5) as s:
+        s.sendall(struct.pack(">q", 0))
+        s.settimeout(5)
+        assert len(s.recv(12)) > 0  # streaming
+        poll(lambda: len(master.status()["ha"]["slaves"]) == 1, 10, what="slave connection listed")
+        code, body = master.admin("/role", "POST", json.dumps({"role": "SLAVE", "brokerId": 1, "epoch": 0}).encode())
+        assert code == 200, body
+        deadline = time.monotonic() + 4  # well before the 5 s heartbeat would show it still open
+        closed = False
+        s.settimeout(0.5)
+        while time.monotonic() < deadline and not closed:
+            try:
+                closed = s.recv(65536) == b""
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                closed = True
+        assert closed
+    assert master.status()["ha"]["slaves"] == []
 
 
 def test_ha_port_rejects_garbage_and_offsets_beyond_log(cluster: Cluster) -> None:

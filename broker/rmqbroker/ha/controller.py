@@ -51,13 +51,19 @@ class ReplicationController:
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
                                   housekeeping_interval=settings.haHousekeepingInterval / 1000,
-                                  epochs=epochs, truncate=self.store.truncate_to)
+                                  epochs=epochs, truncate=self._truncate)
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000)
         # An explicitly configured or injected master is not overridden by the nameserver.
         self.pinned_master = bool(settings.haMasterAddress)
         self._lock = asyncio.Lock()
+
+    def _truncate(self, offset: int) -> None:
+        """Cut this log at ``offset``; slaves streaming from it are dropped first, so that none
+        keeps bytes from beyond the cut or goes on from an offset that no longer continues it."""
+        self.ha.drop_slaves(f"commitlog truncated to {offset}")
+        self.store.truncate_to(offset)
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -142,7 +148,7 @@ class ReplicationController:
         self.store.dispatch_some()
         end = self.store.dispatched_phy_offset()
         if end < self.store.max_phy_offset():
-            self.store.truncate_to(end)
+            self._truncate(end)
         try:
             await asyncio.to_thread(self.epochs.begin_epoch, epoch, end)
         except EpochError as exc:
@@ -157,8 +163,10 @@ class ReplicationController:
         await asyncio.to_thread(self.epochs.set_epoch, epoch)
         self.ctx.role = "SLAVE"
         self._apply_role()
-        # Sends still waiting for a slave of this term will not get one.
+        # Sends still waiting for a slave of this term will not get one, and its slaves follow
+        # the new master (a re-point, or their reconnect finds where the group's master is).
         self.ha.group_transfer.reset()
+        self.ha.drop_slaves("demoted to SLAVE")
 
     # -- status --
     def status(self) -> dict[str, Any]:

@@ -315,9 +315,14 @@ class HAConnection(asyncio.Protocol):
             self._last_write = now
         self._timer = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
 
-    def close(self) -> None:
+    def close(self, *, drop_pending: bool = False) -> None:
+        """Close the connection; with ``drop_pending`` bytes not yet written are discarded too
+        (they may be views of a range that is about to be truncated)."""
         if self.transport is not None:
-            self.transport.close()
+            if drop_pending:
+                self.transport.abort()
+            else:
+                self.transport.close()
         self._closed()
 
     def _closed(self) -> None:
@@ -377,6 +382,15 @@ class HAService:
         self._push_scheduled = False
         for conn in list(self.connections):
             conn.push()
+
+    def drop_slaves(self, reason: str) -> None:
+        """Close every slave connection at once, discarding queued bytes: this log is about to
+        change under them (truncation, demotion); they reconnect and re-handshake (epochs)."""
+        conns = list(self.connections)
+        if conns:
+            log.warning("closing %d HA slave connection(s): %s", len(conns), reason)
+        for conn in conns:
+            conn.close(drop_pending=True)
 
     def on_ack(self, offset: int) -> None:
         if offset > self.group_transfer.acked:
