@@ -308,6 +308,10 @@ class HAConnection(asyncio.Protocol):
             log.warning("HA slave %s silent for %.0fs; closing", self.address, cfg.housekeeping_interval)
             self.close()
             return
+        if self.request_offset >= 0 and self._bulk is None:
+            # Appends that notify no arrival listener (transaction half and rollback messages
+            # get no consume-queue unit) are pushed from here, as Java's writer polls.
+            self.push()
         now = time.monotonic()
         if (self.request_offset >= 0 and self._bulk is None and now - self._last_write >= cfg.heartbeat_interval
                 and not tr.get_write_buffer_size()):
