@@ -321,6 +321,28 @@ def test_demoted_master_drops_its_slave_connections(cluster: Cluster) -> None:
     assert master.status()["ha"]["slaves"] == []
 
 
+def _pull_suggestion(broker: BrokerProc, topic: str) -> tuple[int, str]:
+    resp = rpc(broker.addr, RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "SuggestGroup", "topic": topic, "queueId": "0", "queueOffset": "0",
+        "maxMsgNums": "32", "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0",
+        "subscription": "*", "subVersion": "0"})  # sysFlag: FLAG_SUBSCRIPTION, the one sent here
+    return resp.code, resp.ext_fields.get("suggestWhichBrokerId", "")
+
+
+def test_pull_suggests_which_broker_as_rocketmq(cluster: Cluster) -> None:
+    """suggestWhichBrokerId: with slaveReadEnable a consumer that keeps up is sent to its group's
+    brokerId (the master), from the slave too; without it, always to the master."""
+    ns = cluster.namesrv()
+    master, slave = group(cluster, ns.addr, 2, slaveReadEnable="true", slaveSyncInitialDelay=300,
+                          slaveSyncInterval=1000)
+    for i in range(5):
+        assert send_raw(master.addr, "SuggestTopic", f"s-{i}".encode()).code == 0
+    wait_caught_up(master, [slave])
+    poll(lambda: _pull_suggestion(slave, "SuggestTopic")[0] == ResponseCode.SUCCESS, 20, what="slave serves pulls")
+    assert _pull_suggestion(master, "SuggestTopic") == (ResponseCode.SUCCESS, "0")
+    assert _pull_suggestion(slave, "SuggestTopic") == (ResponseCode.SUCCESS, "0")
+
+
 def test_ha_port_rejects_garbage_and_offsets_beyond_log(cluster: Cluster) -> None:
     master = cluster.broker(None, name="broker-g")
     assert send_raw(master.addr, "GTopic", b"x").code == 0

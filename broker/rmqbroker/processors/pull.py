@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import perm_readable
 from rmqbroker.processors.clients import SubscriptionData, SubscriptionParseError, build_subscription
 from rmqbroker.processors.context import BrokerContext
@@ -140,7 +141,7 @@ class PullMessageProcessor:
             wire.NEXT_BEGIN_OFFSET: str(next_begin),
             wire.MIN_OFFSET: str(result.min_offset),
             wire.MAX_OFFSET: str(result.max_offset),
-            wire.SUGGEST_WHICH_BROKER_ID: str(self._suggest_broker(group_cfg.which_broker_when_consume_slowly)),
+            wire.SUGGEST_WHICH_BROKER_ID: str(self._suggest_broker(group_cfg, result.suggest_pulling_from_slave)),
         }
         if code == ResponseCode.SUCCESS:
             body = result.body()
@@ -149,11 +150,12 @@ class PullMessageProcessor:
             return cmd.make_response(code, "FOUND", ext_fields=ext, body=body)
         return cmd.make_response(code, status.name, ext_fields=ext)
 
-    def _suggest_broker(self, when_slow: int) -> int:
-        ctx = self.ctx
-        if ctx.settings.slaveReadEnable and ctx.is_slave:
-            return ctx.broker_id
-        return 0
+    def _suggest_broker(self, group_cfg: SubscriptionGroupConfig, slow: bool) -> int:
+        """RocketMQ's rule: with slaveReadEnable, a consumer too far behind is sent to the group's
+        whichBrokerWhenConsumeSlowly and any other back to its brokerId; otherwise to the master."""
+        if not self.ctx.settings.slaveReadEnable:
+            return 0
+        return group_cfg.which_broker_when_consume_slowly if slow else group_cfg.broker_id
 
 
 class PullHoldService:

@@ -74,6 +74,16 @@ _CHECKPOINT_SAFETY_MS = 3000
 _FLUSH_ERROR_BACKOFF_S = 1.0
 # "Pages" of the least-pages flush thresholds.
 _PAGE_SIZE = 4096
+# RocketMQ's accessMessageInMemoryMaxRatio: a pull further behind the log's end than this share of
+# physical memory is suggested to go to a slave.
+_ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO = 40
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 << 30  # unknown: assume a small server
 
 
 class PutMessageStatus(enum.Enum):
@@ -222,6 +232,9 @@ class GetMessageResult:
     buffers: list[memoryview] = field(default_factory=list)
     buffer_total_size: int = 0
     message_count: int = 0
+    # The pull is further behind the log's end than fits in memory (RocketMQ's
+    # isSuggestPullingFromSlave): a slave can serve it without evicting the master's hot pages.
+    suggest_pulling_from_slave: bool = False
 
     def body(self) -> bytes:
         """The pull response body: the matched records concatenated (one copy)."""
@@ -270,6 +283,7 @@ class MessageStore:
         self._max_delay_level = len(config.message_delay_levels)
         self._file_size = config.mapped_file_size_commit_log
         self._max_message_size = config.max_message_size
+        self._in_memory_max = _physical_memory() * _ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO // 100
         self._running = False
         self._writable = False
         # Runtime role (promotion/demotion changes it): a SLAVE refuses puts.
@@ -977,9 +991,11 @@ class MessageStore:
         total = 0
         count = 0
         next_phy_file_start = -1
+        max_phy_pulling = 0
         pos = start
         while pos < end:
             phy, size, tags = unpack(mm, pos)
+            max_phy_pulling = phy
             if phy < next_phy_file_start or size == BLANK_SIZE:
                 pos += CQ_STORE_UNIT_SIZE
                 continue
@@ -1002,7 +1018,8 @@ class MessageStore:
             next_phy_file_start = -1
             pos += CQ_STORE_UNIT_SIZE
         next_begin = offset + (pos - start) // CQ_STORE_UNIT_SIZE
-        return GetMessageResult(status, next_begin, min_off, max_off, buffers, total, count)
+        behind = commitlog.max_offset() - max_phy_pulling > self._in_memory_max if pos > start else False
+        return GetMessageResult(status, next_begin, min_off, max_off, buffers, total, count, behind)
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self._find_cq(topic, queue_id)

@@ -359,6 +359,17 @@ async def test_deferred_periodic_flush(tmp_path: Path) -> None:
         await sync.shutdown()
 
 
+async def test_pull_far_behind_is_suggested_to_a_slave(store: MessageStore) -> None:
+    for i in range(20):
+        await store.put_message(msg(body=bytes([i]) * 500))
+    near = store.get_message("G", "TopicTest", 0, 0, 32)
+    assert near.message_count == 20 and not near.suggest_pulling_from_slave
+    store._in_memory_max = 3000  # as if memory held only ~5 of these records
+    early = store.get_message("G", "TopicTest", 0, 0, 2)
+    late = store.get_message("G", "TopicTest", 0, 15, 32)
+    assert early.suggest_pulling_from_slave and not late.suggest_pulling_from_slave
+
+
 async def test_delay_put(store: MessageStore) -> None:
     r = await store.put_message(msg("Orig", 3, b"later", DELAY="3", KEYS="k"))
     assert r.status is P.PUT_OK and (r.topic, r.queue_id) == (SCHEDULE_TOPIC, 2)
