@@ -45,6 +45,9 @@ class BrokerView:
     ha_connected: bool = False
     connected_slaves: int = 0
     broker_addr: str = ""
+    # Bytes of the master's current epoch this slave holds beyond the master's end: the master
+    # came back without them (an older disk) and the slave refuses to follow rather than cut them.
+    ahead_of_master: int = 0
 
     @property
     def is_master(self) -> bool:
@@ -56,7 +59,8 @@ class BrokerView:
         return BrokerView(role=str(obj.get("role", "")), broker_id=int(obj.get("brokerId", -1)),
                           epoch=int(obj.get("epoch") or 0), max_offset=int(obj.get("maxPhyOffset") or 0),
                           ha_master=ha.get("masterAddress"), ha_connected=bool(ha.get("connected")),
-                          connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")))
+                          connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")),
+                          ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ def replica_rows(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]
                 lag = lag_bytes(p, mv)
                 if lag is not None:
                     row["lagBytes"] = lag
+                if p.broker.ahead_of_master:
+                    row["aheadOfMasterBytes"] = p.broker.ahead_of_master
                 row["inSync"] = in_sync(spec, p, mv)
             else:
                 row["lagBytes"] = 0
@@ -114,6 +116,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     synced = [r for r in slaves if r.get("inSync")]
     not_ready = [r["pod"] for r in rows if not r.get("ready")]
     lagging = [r["pod"] for r in slaves if not r.get("inSync")]
+    ahead = [f"{r['pod']} ({r['aheadOfMasterBytes']} bytes)" for r in slaves if r.get("aheadOfMasterBytes")]
     out: list[Cond] = []
 
     # Ready: is the group serving as specified?
@@ -147,6 +150,11 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         issues.append(f"not ready: {', '.join(not_ready)}")
     if lagging and master_ok:
         issues.append(f"lagging: {', '.join(lagging)}")
+    if ahead:
+        # Not failed over automatically: the master is serving, and whether its lost tail held
+        # acknowledged sends is for the user to judge (promote that slave, or restore the disk).
+        issues.append(f"master {master_pod} lost data its slave(s) still hold: {', '.join(ahead)}; "
+                      "they refuse to follow it until one is promoted or the master's data is restored")
     if state.pending_demotion:
         issues.append(f"former master(s) to demote when back: {', '.join(state.pending_demotion)}")
     if health.scale_note:
@@ -156,6 +164,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     if issues:
         reason = ("ScaleDownRefused" if health.scale_note else
                   "InvalidSpec" if health.invalid else
+                  "MasterBehindSlave" if ahead else
                   "ReplicasNotReady" if not_ready else "Lagging" if lagging else "DemotionPending")
         out.append(Cond("Degraded", True, reason, "; ".join(issues)))
     else:

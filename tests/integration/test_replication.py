@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -293,6 +294,44 @@ def test_promote_repoint_demote_converge(cluster: Cluster) -> None:
     st = a.status()
     assert st["epoch"] == 1 and st["role"] == "SLAVE"
     assert b.status()["maxPhyOffset"] < divergent_end + 30 * 200
+
+
+def test_slave_keeps_what_a_master_that_lost_its_tail_had_replicated(cluster: Cluster) -> None:
+    """A master that comes back with an older disk in the same epoch does not make its slave
+    truncate bytes it replicated (they may be acknowledged sends); promoting the slave at a new
+    epoch and demoting the old master makes both converge on the slave's longer log."""
+    master, slave = group(cluster, None, 2)
+    for i in range(20):
+        assert send_raw(master.addr, "LostTopic", f"early-{i}".encode() * 10).code == 0
+    wait_caught_up(master, [slave])
+    master.stop()
+    older_disk = cluster.workdir / "older-disk"
+    shutil.copytree(master.store_dir, older_disk)
+    master.start()
+    for i in range(20):
+        assert send_raw(master.addr, "LostTopic", f"late-{i}".encode() * 10).code == 0
+    full = wait_caught_up(master, [slave])
+    master.stop()
+    shutil.rmtree(master.store_dir)
+    shutil.copytree(older_disk, master.store_dir)
+    master.start()
+    short = master.status()["maxPhyOffset"]
+    assert short < full
+    poll(lambda: slave.status()["ha"]["aheadOfMasterBytes"] == full - short, 20,
+         what="slave refuses to follow the shorter master of its own epoch")
+    st = slave.status()
+    assert st["maxPhyOffset"] == full and st["ha"]["truncatedBytes"] == 0 and st["ha"]["refusedStreams"] >= 1
+    # The operator's way out: the slave, which has more, becomes master at a newer epoch.
+    code, body = slave.admin("/role", "POST", json.dumps({"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1}).encode())
+    assert code == 200, body
+    code, body = master.admin("/role", "POST", json.dumps({"role": "SLAVE", "brokerId": 1, "epoch": 1}).encode())
+    assert code == 200, body
+    code, body = master.admin("/ha/master", "POST", json.dumps(
+        {"haAddress": f"127.0.0.1:{slave.port + 1}", "brokerAddress": slave.addr, "epoch": 1}).encode())
+    assert code == 200, body
+    assert send_raw(slave.addr, "LostTopic", b"after promotion").code == 0
+    assert_replicas_identical(slave, [master])
+    assert master.status()["ha"]["truncatedBytes"] == 0
 
 
 def test_demoted_master_drops_its_slave_connections(cluster: Cluster) -> None:

@@ -212,6 +212,18 @@ def test_conditions_and_rows() -> None:
     assert (invalid["Ready"].status, invalid["Ready"].reason) == (False, "InvalidSpec")
 
 
+def test_a_slave_holding_what_the_master_lost_degrades_the_group() -> None:
+    behind = dataclasses.replace(slave(1, 5000, connected=False), broker=dataclasses.replace(
+        slave(1, 5000).broker, ha_connected=False, ahead_of_master=3000))  # type: ignore[arg-type]
+    views = pods(master(2000), behind, slave(2, 2000))
+    rows = replica_rows(SPEC, STATE, views)
+    assert rows[1]["aheadOfMasterBytes"] == 3000 and "aheadOfMasterBytes" not in rows[2]
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "MasterBehindSlave")
+    assert "g-1 (3000 bytes)" in conds["Degraded"].message
+    assert BrokerView.from_status({"role": "SLAVE", "ha": {"aheadOfMasterBytes": 7}}).ahead_of_master == 7
+
+
 def test_last_transition_time_kept_while_status_unchanged() -> None:
     from rmqoperator.status import Cond
 

@@ -180,6 +180,9 @@ class ReplicationController:
                 "slaves": self.ha.slaves_status(),
                 "replicationLagMs": self.ha.replication_lag_ms(),
                 "truncatedBytes": self.ha_client.truncated_bytes,
+                "aheadOfMasterBytes": self.ha_client.ahead_bytes,
+                "connects": self.ha_client.connects,
+                "refusedStreams": self.ha_client.mismatches,
             },
             "metadataSync": {
                 "masterAddress": ms.master_addr if self.ctx.is_slave else None,

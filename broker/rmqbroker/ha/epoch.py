@@ -78,21 +78,38 @@ def divergence_offset(own: list[EpochEntry], master: list[EpochEntry], master_ma
     return point
 
 
+def same_term(own: list[EpochEntry], master: list[EpochEntry]) -> bool:
+    """Whether this broker's latest epoch is the master's current one: then every byte this
+    broker holds was written by that master, and bytes beyond the master's end are ones the
+    master lost (a restart from an older disk), not divergent ones."""
+    return _with_origin(own)[-1].epoch == _with_origin(master)[-1].epoch
+
+
 class EpochStore:
-    """The persisted epoch state of one broker."""
+    """The persisted epoch state of one broker.
+
+    Besides the group's history, it remembers the epoch this broker itself was promoted at
+    (``ownEpoch``): promoting again at the current epoch is a retry of that promotion, allowed only
+    to the broker that made it. A slave that merely adopted epoch ``e`` from its master must not
+    become a second writer of ``e``. Every change checks and persists under one lock, so that a
+    late ``adopt`` (a cancelled handshake's thread) cannot undo a promotion made meanwhile.
+    """
 
     def __init__(self, config_dir: Path) -> None:
         self.path = config_dir / FILE_NAME
         self._lock = threading.Lock()
         self.epoch = 0
         self.history: list[EpochEntry] = []
+        self.own_epoch: int | None = None
         text = load_with_backup(self.path)
         if text:
             try:
                 obj = json.loads(text)
                 self.epoch = int(obj.get("epoch", 0))
                 self.history = parse_history(obj.get("history", []))
-            except (ValueError, AttributeError, EpochError) as exc:
+                own = obj.get("ownEpoch")
+                self.own_epoch = None if own is None else int(own)
+            except (ValueError, TypeError, AttributeError, EpochError) as exc:
                 raise EpochError(f"{self.path} is unreadable: {exc}") from exc
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -100,8 +117,8 @@ class EpochStore:
                 "history": [{"epoch": e.epoch, "startOffset": e.start_offset} for e in self.history]}
 
     def _persist(self) -> None:
-        with self._lock:
-            atomic_write(self.path, json.dumps(self.to_json_obj(), indent=1))
+        obj = {**self.to_json_obj(), "ownEpoch": self.own_epoch}
+        atomic_write(self.path, json.dumps(obj, indent=1))
 
     def check_not_older(self, epoch: int) -> None:
         if epoch < self.epoch:
@@ -109,25 +126,38 @@ class EpochStore:
 
     def begin_epoch(self, epoch: int, start_offset: int) -> None:
         """This broker becomes master at ``epoch``, writing from ``start_offset`` on (blocking)."""
-        if epoch <= self.epoch and not (epoch == self.epoch and self.history and self.history[-1].epoch == epoch):
-            raise EpochError(f"promotion epoch {epoch} must be newer than the current epoch {self.epoch}")
-        if not self.history or self.history[-1].epoch != epoch:
+        with self._lock:
+            if epoch == self.epoch and self.own_epoch == epoch:
+                return  # a retry of this broker's own promotion: its epoch began where it began
+            if epoch <= self.epoch:
+                raise EpochError(f"promotion epoch {epoch} must be newer than the current epoch {self.epoch}"
+                                 + (f" (epoch {epoch} is another broker's term)" if epoch == self.epoch else ""))
+            # A slave promoted before it received any byte of its master's latest terms holds
+            # nothing of them: in this log they end, empty, where the new term begins.
+            self.history = [e if e.start_offset <= start_offset else EpochEntry(e.epoch, start_offset)
+                            for e in self.history]
             self.history.append(EpochEntry(epoch, start_offset))
-        self.epoch = epoch
-        self._persist()
+            self.epoch = epoch
+            self.own_epoch = epoch
+            self._persist()
         log.info("epoch %d begins at offset %d", epoch, start_offset)
 
     def adopt(self, epoch: int, history: list[EpochEntry]) -> None:
         """Follow a master: take over its epoch and history (blocking)."""
-        self.check_not_older(epoch)
-        if epoch == self.epoch and history == self.history:
-            return
-        self.epoch = epoch
-        self.history = list(history)
-        self._persist()
+        with self._lock:
+            self.check_not_older(epoch)
+            if epoch == self.epoch and self.own_epoch == epoch:
+                # Two masters of one term: never merge another writer's history into ours.
+                raise EpochError(f"epoch {epoch} is this broker's own term; a master at it is not ours to follow")
+            if epoch == self.epoch and history == self.history:
+                return
+            self.epoch = epoch
+            self.history = list(history)
+            self._persist()
 
     def set_epoch(self, epoch: int) -> None:
-        self.check_not_older(epoch)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._persist()
+        with self._lock:
+            self.check_not_older(epoch)
+            if epoch != self.epoch:
+                self.epoch = epoch
+                self._persist()

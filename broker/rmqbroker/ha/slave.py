@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rmqbroker.ha.epoch import EpochError, EpochStore, divergence_offset, parse_history
+from rmqbroker.ha.epoch import EpochError, EpochStore, divergence_offset, parse_history, same_term
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.store.errors import StoreError
@@ -445,9 +445,12 @@ class HAClient:
         self.epochs = epochs
         self._truncate = truncate
         self.truncated_bytes = 0
+        # Bytes of the master's own term this log holds beyond the master's end (0: none).
+        self.ahead_bytes = 0
         self.connected = False
         self.bytes_received = 0
         self.mismatches = 0
+        self.connects = 0  # connections established to a master, reconnects included
         self._task: asyncio.Task[None] | None = None
         self._reput_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -577,6 +580,7 @@ class HAClient:
             connecting.add_done_callback(_close_result)
             raise
         self.connected = True
+        self.connects += 1
         receiver = _Receiver(self, sock, loop, self.heartbeat_interval, self.housekeeping_interval)
         self._receiver = receiver
         changed = asyncio.ensure_future(self._changed.wait())
@@ -627,6 +631,15 @@ class HAClient:
                 f"master {addr} is at epoch {master_epoch}, older than ours ({self.epochs.epoch})")
         point = divergence_offset(self.epochs.history, master_history, master_max)
         own_max = self.store.max_phy_offset()
+        if own_max > point and master_epoch == self.epochs.epoch and same_term(self.epochs.history, master_history):
+            # The master came back with less of its own term than it replicated here (an older
+            # disk): these bytes may be acknowledged sends. Like a Java slave, keep them and do
+            # not follow; promoting this broker (a newer epoch) or restoring the master resolves it.
+            self.ahead_bytes = own_max - point
+            raise StreamMismatchError(
+                f"log holds {own_max - point} bytes of epoch {master_epoch} beyond master {addr}'s end {point}; "
+                "not truncating what the master itself replicated")
+        self.ahead_bytes = 0
         if own_max > point:
             if self._truncate is None:
                 raise StreamMismatchError(f"log holds {own_max - point} bytes beyond the master's epoch end")

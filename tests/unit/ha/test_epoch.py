@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from rmqbroker.ha.epoch import EpochEntry, divergence_offset
+from pathlib import Path
+
+import pytest
+
+from rmqbroker.ha.epoch import EpochEntry, EpochError, EpochStore, divergence_offset, same_term
 
 E = EpochEntry
 
@@ -27,3 +31,51 @@ def test_own_epoch_the_master_never_had_starts_later() -> None:
     assert divergence_offset([E(1, 4000)], [E(2, 3000)], 9000) == 3000
     # ... and still ends at the master's end when the master has nothing after the shared epoch.
     assert divergence_offset([E(1, 100), E(3, 8000)], [E(1, 100)], 6000) == 6000
+
+
+def test_same_term_means_the_masters_current_epoch_is_this_brokers_latest() -> None:
+    assert same_term([], [])
+    assert same_term([E(2, 100)], [E(1, 0), E(2, 100)])
+    assert not same_term([E(1, 0)], [E(1, 0), E(2, 100)])
+    assert not same_term([], [E(1, 0)])
+
+
+def test_only_the_broker_promoted_at_an_epoch_may_promote_again_at_it(tmp_path: Path) -> None:
+    slave = EpochStore(tmp_path / "slave")
+    slave.adopt(3, [E(3, 1000)])  # followed the broker promoted at 3
+    with pytest.raises(EpochError, match="another broker's term"):
+        slave.begin_epoch(3, 5000)
+    assert slave.history == [E(3, 1000)]
+
+    master = EpochStore(tmp_path / "master")
+    master.begin_epoch(3, 1000)
+    master.begin_epoch(3, 1000)  # a retry (lost answer, restart) is the same promotion
+    assert master.history == [E(3, 1000)]
+    reloaded = EpochStore(tmp_path / "master")
+    assert reloaded.own_epoch == 3
+    reloaded.begin_epoch(3, 4000)
+    assert reloaded.history == [E(3, 1000)]  # the term began where it began
+
+
+def test_a_late_adopt_cannot_undo_a_promotion(tmp_path: Path) -> None:
+    store = EpochStore(tmp_path)
+    store.adopt(1, [E(1, 0)])
+    store.begin_epoch(2, 800)
+    # The thread of a cancelled handshake with the old master of epoch 1 finishes afterwards.
+    with pytest.raises(EpochError):
+        store.adopt(1, [E(1, 0)])
+    assert (store.epoch, store.history) == (2, [E(1, 0), E(2, 800)])
+    # Nor does a second master of our own term get followed.
+    with pytest.raises(EpochError, match="own term"):
+        store.adopt(2, [E(1, 0), E(2, 900)])
+    assert EpochStore(tmp_path).history == [E(1, 0), E(2, 800)]
+
+
+def test_promotion_of_a_slave_that_never_got_its_masters_last_term(tmp_path: Path) -> None:
+    store = EpochStore(tmp_path)
+    store.adopt(2, [E(1, 0), E(2, 5000)])  # the log here ends at 3000, before epoch 2 began
+    store.begin_epoch(3, 3000)
+    assert store.history == [E(1, 0), E(2, 3000), E(3, 3000)]
+    assert EpochStore(tmp_path).history == store.history  # still a valid, readable history
+    # A broker that followed epoch 2 to 7000 keeps epoch 1's bytes and cuts the rest.
+    assert divergence_offset([E(1, 0), E(2, 5000)], store.history, 3500) == 3000
