@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from rmqbroker.admin.http import AdminServer, json_error, json_response, read_json_object
+from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
 from rmqbroker.admin.metrics import build_registry
 from rmqbroker.config import BrokerSettings
 from rmqbroker.ha.controller import ReplicationController, RoleChangeError
@@ -37,6 +37,8 @@ from rmqbroker.store.consume_queue import UNIT
 from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
+# Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
+ADMIN_TOKEN_FILE = "adminToken"
 
 
 def store_config(s: BrokerSettings) -> StoreConfig:
@@ -105,7 +107,8 @@ class Broker:
                                        self.server.latency)
         self.admin: AdminServer | None = None
         if settings.adminListenPort:
-            self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=settings.admin_token(),
+            token = settings.admin_token() or load_or_create_token(settings.store_root / "config" / ADMIN_TOKEN_FILE)
+            self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=token,
                                      registry=self.registry, status=self.status, ready=self.ready)
             self.admin.add_route("POST", "/ha/master", self._http_repoint)
             self.admin.add_route("POST", "/role", self._http_role)

@@ -125,8 +125,16 @@ class BrokerSettings:
         return [a.strip() for a in self.namesrvAddr.split(";") if a.strip()]
 
     def admin_token(self) -> str:
+        """The configured admin bearer token ("" when none is configured)."""
         if self.adminTokenFile:
-            return Path(self.adminTokenFile).read_text(encoding="utf-8").strip()
+            try:
+                token = Path(self.adminTokenFile).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"adminTokenFile: cannot read {self.adminTokenFile}: {exc}") from exc
+            if not token:
+                # An empty file must not silently open the endpoint.
+                raise ConfigError(f"adminTokenFile: {self.adminTokenFile} is empty")
+            return token
         return self.adminToken
 
 

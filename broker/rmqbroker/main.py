@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         overrides["namesrvAddr"] = args.namesrv
     try:
         settings = build_settings(read_conf(args.config), overrides=overrides)
+        settings.admin_token()  # an unreadable or empty token file is a configuration error
     except (ConfigError, OSError) as exc:
         print(f"rmq-broker: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -93,3 +93,25 @@ def test_readyz_waits_for_nameserver_registration(cluster: Cluster) -> None:
     cluster.namesrv(port=ns_port)
     poll(lambda: broker.admin("/readyz", token=None)[0] == 200, timeout=15, what="readyz after registration")
     assert broker.status()["registered"] is True
+
+
+def test_without_a_configured_token_one_is_generated_never_an_open_endpoint(cluster: Cluster) -> None:
+    b = cluster.broker(None, name="broker-notoken", token="")
+    token_file = b.store_dir / "config" / "adminToken"
+    token = token_file.read_text().strip()
+    assert len(token) >= 32 and token_file.stat().st_mode & 0o077 == 0
+    assert b.admin("/status", token=None)[0] == 401
+    assert b.admin("/readyz", token=None)[0] == 200
+    assert b.admin("/status", token=token)[0] == 200
+    b.stop()
+    b.start()  # the same token across restarts: clients keep working
+    assert b.admin("/status", token=token)[0] == 200
+
+
+def test_an_empty_token_file_is_a_configuration_error(cluster: Cluster) -> None:
+    empty = cluster.workdir / "empty-token"
+    empty.write_text("\n")
+    b = cluster.broker(None, start=False, name="broker-emptytoken", token="", adminTokenFile=str(empty))
+    b.start(wait_ready=False)
+    assert b.popen is not None and b.popen.wait(20) == 2
+    assert "adminTokenFile" in b.log_text() and "empty" in b.log_text()

@@ -1,7 +1,8 @@
 """The broker's admin HTTP endpoint (aiohttp).
 
 ``/healthz`` and ``/readyz`` are open (kubelet probes carry no credentials); everything else
-requires ``Authorization: Bearer <token>`` when a token is configured. Handlers for more routes
+requires ``Authorization: Bearer <token>``: the configured token, or without one a token generated
+once into the store's config folder (:func:`load_or_create_token`), never an open endpoint. Handlers for more routes
 (replication control, commitlog streaming) are added by the composition root through
 :meth:`AdminServer.add_route`.
 """
@@ -11,7 +12,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
+import secrets
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +26,29 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def load_or_create_token(path: Path) -> str:
+    """The token kept in ``path``, created (random, owner-only permissions) on first use."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    log.warning("no adminToken or adminTokenFile configured: the admin endpoint requires the token "
+                "generated in %s", path)
+    return token
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:
@@ -59,6 +86,8 @@ class AdminServer:
         status: Callable[[], dict[str, Any]],
         ready: Callable[[], bool],
     ) -> None:
+        if not token:
+            raise ValueError("the admin endpoint needs a bearer token")
         self.host = host
         self.port = port
         self._token = token
@@ -78,7 +107,7 @@ class AdminServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._token and request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS:
             header = request.headers.get("Authorization", "")
             scheme, _, presented = header.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), self._token):
