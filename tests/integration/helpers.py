@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
-from tests.support.procs import metric_value
+from tests.support.procs import BrokerProc, metric_value
 
 CLIENTS = Path(__file__).parent / "clients"
 PY = sys.executable
@@ -94,6 +94,25 @@ def create_topic_and_wait(broker: str, namesrv: str, topic: str, queues: int = 4
     """Create a topic and wait until the nameserver routes it (consumers need the route at start)."""
     create_topic(broker, topic, queues)
     wait_route(namesrv, topic)
+
+
+def send_raw(broker: str, topic: str, body: bytes, timeout: float = 10.0, sys_flag: int = 0,
+             properties: str = "WAIT\x01true\x02KEYS\x01raw\x02") -> RemotingCommand:
+    """SEND_MESSAGE to queue 0 without client retries: the broker's own answer.
+
+    ``properties`` is the wire form (name\\x01value\\x02 pairs), e.g. add ``DELAY\\x011\\x02`` for level 1.
+    """
+    return rpc(broker, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "PG_RAW", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        "queueId": "0", "sysFlag": str(sys_flag), "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+        "properties": properties}, body, timeout=timeout)
+
+
+def wait_caught_up(master: BrokerProc, slaves: list[BrokerProc], timeout: float = 60.0) -> int:
+    """Wait until every slave's commitlog ends where the master's does now; that offset."""
+    target = master.status()["maxPhyOffset"]
+    poll(lambda: all(s.status()["maxPhyOffset"] == target for s in slaves), timeout, what="slaves caught up")
+    return int(target)
 
 
 def query_consumer_offset(broker: str, group: str, topic: str, queue_id: int) -> int | None:

@@ -159,6 +159,11 @@ class HAConnection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._buf and not self.closed:
+            # A report cut short is malformed input, not a clean disconnect.
+            self.service.rejected_reports += 1
+            log.warning("HA slave %s closed mid-report (%d stray bytes %r)", self.address, len(self._buf),
+                        self._buf[:8])
         if exc is not None:
             log.warning("HA connection %s closed: %s", self.address, exc)
         else:
@@ -195,7 +200,12 @@ class HAConnection(asyncio.Protocol):
             tr.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
             return
         max_offset = store.max_phy_offset()
-        if offset < 0 or offset > max_offset:
+        if offset < 0:
+            svc.rejected_reports += 1
+            log.warning("HA slave %s sent a malformed report (offset %d); dropping it", self.address, offset)
+            self.close()
+            return
+        if offset > max_offset:
             svc.rejected_reports += 1
             log.warning("HA slave %s reported offset %d beyond this master's log end %d; dropping it",
                         self.address, offset, max_offset)

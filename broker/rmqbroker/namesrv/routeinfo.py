@@ -135,17 +135,12 @@ class RouteInfoManager:
         return RegisterResult(None, None)
 
     def _update_queue_data(self, broker_name: str, topics: list[TopicConfigLite]) -> None:
-        names = set()
+        # Create/replace only, as RocketMQ 4.9's createAndUpdateQueueData: a topic missing from a
+        # master's registration keeps its route (a slave promoted before its metadata sync brought
+        # a new topic must not make it vanish); routes go with the broker name (unregister/expiry).
         for tc in topics:
-            names.add(tc.name)
             self.topic_queue_table.setdefault(tc.name, {})[broker_name] = QueueData(
                 broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
-        # Topics the master no longer has disappear from its routes.
-        for topic, queues in list(self.topic_queue_table.items()):
-            if topic not in names and broker_name in queues:
-                del queues[broker_name]
-                if not queues:
-                    del self.topic_queue_table[topic]
 
     def query_data_version_changed(self, broker_addr: str, data_version: dict[str, Any],
                                    now: float | None = None) -> tuple[bool, dict[str, Any] | None]:

@@ -1,0 +1,242 @@
+"""Master/slave replication seen through the nameserver and the stock client: slaves follow a master
+that changed in the nameserver, metadata sync of delay offsets and subscription groups, and
+consumers reading from the slave while the master is down."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    PushConsumer,
+    create_topic_and_wait,
+    message,
+    poll,
+    produce,
+    pull_all,
+    route,
+    rpc,
+    send_raw,
+    wait_caught_up,
+)
+from tests.support.procs import BrokerProc
+
+SEG = 2 * 1024 * 1024  # small commitlog segments, as in test_replication.py
+
+
+def group(cluster: Cluster, ns: str | None, replicas: int, direct: bool = True, **conf: Any) -> list[BrokerProc]:
+    """An ASYNC_MASTER (brokerId 0) and ``replicas - 1`` slaves of broker-r; ``direct`` pins the
+    slaves' haMasterAddress, otherwise they learn it from the nameserver."""
+    conf.setdefault("maxMessageSize", 1024 * 1024)
+    master = cluster.broker(ns, name="broker-r", broker_id=0, mappedFileSizeCommitLog=SEG, **conf)
+    slaves = []
+    for i in range(1, replicas):
+        extra = dict(conf)
+        if direct:
+            extra["haMasterAddress"] = ha_addr(master)
+        slaves.append(cluster.broker(ns, name="broker-r", broker_id=i, role="SLAVE",
+                                     mappedFileSizeCommitLog=SEG, **extra))
+    return [master, *slaves]
+
+
+def ha_addr(broker: BrokerProc) -> str:
+    return f"127.0.0.1:{broker.port + 1}"
+
+
+def commitlog_bytes(store: Path, end: int) -> bytes:
+    """The commitlog [0, end) read from the segment files."""
+    out = bytearray()
+    for f in sorted((store / "commitlog").iterdir()):
+        start = int(f.name)
+        if start >= end:
+            break
+        with open(f, "rb") as fh:
+            out += fh.read(min(SEG, end - start))
+    return bytes(out)
+
+
+def assert_commitlogs_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
+    end = wait_caught_up(master, slaves)
+    ref = commitlog_bytes(master.store_dir, end)
+    assert len(ref) == end
+    for s in slaves:
+        assert commitlog_bytes(s.store_dir, end) == ref, f"slave {s.conf['brokerId']} commitlog differs"
+
+
+def broker_addrs(ns: str, topic: str) -> dict[str, str] | None:
+    """brokerId -> address of broker-r in the nameserver's route for ``topic``."""
+    r = route(ns, topic)
+    if r is None:
+        return None
+    for data in r["brokerDatas"]:
+        if data["brokerName"] == "broker-r":
+            addrs: dict[str, str] = data["brokerAddrs"]
+            return addrs
+    return None
+
+
+def follows(slave: BrokerProc, master: BrokerProc) -> bool:
+    """Whether ``slave``'s HA client is connected to ``master``'s HA port."""
+    ha = slave.status()["ha"]
+    return bool(ha["masterAddress"] == ha_addr(master) and ha["connected"])
+
+
+def set_role(broker: BrokerProc, role: str, broker_id: int, epoch: int) -> None:
+    code, body = broker.admin("/role", "POST", json.dumps(
+        {"role": role, "brokerId": broker_id, "epoch": epoch}).encode())
+    assert code == 200, body
+
+
+def test_slave_follows_master_changed_in_nameserver(cluster: Cluster) -> None:
+    """A slave without haMasterAddress re-points itself at whichever broker the nameserver lists as
+    brokerId 0, as RocketMQ's updateHaMasterAddress from REGISTER_BROKER answers does."""
+    ns = cluster.namesrv()  # expiry 120 s: only a closed connection can drop the dead master in time
+    # Java clamps registerNameServerPeriod to [10 s, 60 s]; 10 s is the fastest re-registration.
+    # No metadata sync before the failover: S1 is promoted without FollowTopic in its topic table
+    # (as for a topic created after the last sync), which must not remove the topic's route.
+    a, s1, s2 = group(cluster, ns.addr, 3, direct=False, registerNameServerPeriod=10000,
+                      slaveSyncInitialDelay=600000)
+    create_topic_and_wait(a.addr, ns.addr, "FollowTopic")
+    for i in range(30):
+        assert send_raw(a.addr, "FollowTopic", f"before-{i}".encode() * 10).code == ResponseCode.SUCCESS
+    poll(lambda: follows(s1, a) and follows(s2, a), 20, what="slaves learned A's HA address")
+    wait_caught_up(a, [s1, s2])
+
+    a.kill9()
+    # Java's RouteInfoManager.onChannelDestroy: the dead master's entry goes when its channel
+    # closes; the route keeps the slaves (and the queue data, since the broker name survives).
+    poll(lambda: broker_addrs(ns.addr, "FollowTopic") == {"1": s1.addr, "2": s2.addr}, 10,
+         what="nameserver dropped the killed master")
+
+    set_role(s1, "ASYNC_MASTER", 0, 1)
+    poll(lambda: broker_addrs(ns.addr, "FollowTopic") == {"0": s1.addr, "2": s2.addr}, 10,
+         what="nameserver lists S1 as brokerId 0 (and still routes FollowTopic)")
+    # S2 is not re-pointed by hand: its next registration (<= 10 s) names S1's HA address.
+    poll(lambda: follows(s2, s1), 30, what="S2 follows S1")
+    assert s2.status()["metadataSync"]["masterAddress"] == s1.addr
+    for i in range(30):
+        assert send_raw(s1.addr, "FollowTopic", f"after-{i}".encode() * 10).code == ResponseCode.SUCCESS
+    assert_commitlogs_identical(s1, [s2])
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return fastjson_loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not written yet, or caught between truncate and write
+
+
+def _delay_offset(config_dir: Path, level: int) -> int | None:
+    obj = _json_file(config_dir / "delayOffset.json")
+    if not isinstance(obj, dict):
+        return None
+    table = obj.get("offsetTable") or {}
+    value = table.get(str(level), table.get(level))
+    return None if value is None else int(value)
+
+
+def _groups(config_dir: Path) -> dict[str, Any]:
+    obj = _json_file(config_dir / "subscriptionGroup.json")
+    table = obj.get("subscriptionGroupTable") if isinstance(obj, dict) else None
+    return table if isinstance(table, dict) else {}
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+def test_metadata_sync_delay_offsets_and_groups_rewritten_only_on_change(cluster: Cluster) -> None:
+    """The slave's sync copies the master's delay offsets, and rewrites subscriptionGroup.json only
+    when the master's group DataVersion changed (SlaveSynchronize.syncSubscriptionGroupConfig)."""
+    ns = cluster.namesrv()
+    # flushDelayOffsetInterval: the master's delayOffset.json shows delivery within half a second
+    master, slave = group(cluster, ns.addr, 2, slaveSyncInitialDelay=300, slaveSyncInterval=1000,
+                          flushDelayOffsetInterval=500)
+    master_cfg, slave_cfg = master.store_dir / "config", slave.store_dir / "config"
+
+    # Delay level 1 is 1 s by default; once delivered, the level's next offset is 1.
+    resp = send_raw(master.addr, "DelaySyncTopic", b"later",
+                    properties="DELAY\x011\x02WAIT\x01true\x02KEYS\x01delayed\x02")
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    poll(lambda: _delay_offset(master_cfg, 1) == 1, 15, what="master delivered level 1 and persisted its offset")
+    poll(lambda: _delay_offset(slave_cfg, 1) == 1, 10, what="slave synced the delay offset of level 1")
+
+    # Subscription groups: written once for the master's version, then left alone while unchanged.
+    def sync() -> dict[str, Any]:
+        st: dict[str, Any] = slave.status()["metadataSync"]
+        return st
+
+    master_version = master.status()["dataVersions"]["subscriptionGroups"]
+    poll(lambda: sync()["subscriptionVersion"] == master_version, 10, what="slave has the master's group version")
+    # The version is installed before the file is written; a completed round has written it.
+    rounds = sync()["rounds"]
+    poll(lambda: sync()["rounds"] >= rounds + 1, 10, what="one more sync round")
+    path = slave_cfg / "subscriptionGroup.json"
+    before = _file_id(path)
+    assert "CG_EXTRA" not in _groups(slave_cfg)
+    rounds = sync()["rounds"]
+    poll(lambda: sync()["rounds"] >= rounds + 2, 10, what="two more sync rounds")
+    assert master.status()["dataVersions"]["subscriptionGroups"] == master_version  # nothing changed
+    assert _file_id(path) == before, "unchanged subscription groups were rewritten"
+
+    # A new group on the master (a consumer's heartbeat auto-creates it) is synced and written.
+    resp = rpc(master.addr, RequestCode.HEART_BEAT, body=json.dumps(
+        {"clientID": "c-extra", "consumerDataSet": [{"groupName": "CG_EXTRA", "consumeType": 1, "messageModel": 1,
+                                                     "consumeFromWhere": 0, "subscriptionDataSet": []}]}).encode())
+    assert resp.code == ResponseCode.SUCCESS
+    assert master.status()["dataVersions"]["subscriptionGroups"] != master_version
+    poll(lambda: "CG_EXTRA" in _groups(slave_cfg), 10, what="new group synced to the slave's file")
+    assert _file_id(path) != before
+
+
+def _slave_serves(master: BrokerProc, slave: BrokerProc, topic: str, queues: int) -> bool:
+    """Whether the slave has every queue's messages in its consume queues and answers pulls for them."""
+    for q in range(queues):
+        ext = {"topic": topic, "queueId": str(q)}
+        want = int(rpc(master.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"])
+        if int(rpc(slave.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"]) != want:
+            return False
+        if want == 0:
+            continue
+        resp = rpc(slave.addr, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "CG_PROBE", "topic": topic, "queueId": str(q), "queueOffset": "0",
+            "maxMsgNums": "1", "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0",
+            "subscription": "*", "subVersion": "0"})  # sysFlag 4: subscription from this request
+        if resp.code != ResponseCode.SUCCESS:
+            return False  # e.g. TOPIC_NOT_EXIST until the metadata sync brought the topic
+    return True
+
+
+def test_consumer_reads_from_slave_while_master_is_down(cluster: Cluster) -> None:
+    """With the master gone the nameserver routes only brokerId 1; the stock C++ client's
+    findBrokerAddressInSubscribe falls back to it and gets every message."""
+    ns = cluster.namesrv()
+    master, slave = group(cluster, ns.addr, 2, slaveReadEnable="true", slaveSyncInitialDelay=300,
+                          slaveSyncInterval=1000)
+    topic, queues, n = "FallbackTopic", 4, 50
+    create_topic_and_wait(master.addr, ns.addr, topic, queues)
+    bodies = [f"fb-{i}" for i in range(n)]
+    results = produce(ns.addr, [message(topic, b, keys=b) for b in bodies])
+    assert all(r is not None and r["status"] == 0 for r in results), results
+    wait_caught_up(master, [slave])
+    poll(lambda: _slave_serves(master, slave, topic, queues), 20, what="slave serves every queue")
+
+    master.kill9()
+    poll(lambda: broker_addrs(ns.addr, topic) == {"1": slave.addr}, 10, what="route lists only the slave")
+    # A hang here (pull_consumer.py retries a failing pull forever) means the client still picked
+    # the dead master, e.g. because the nameserver kept its entry.
+    msgs = pull_all(ns.addr, topic, group="CG_FALLBACK", timeout=40)
+    assert sorted(m["body"] for m in msgs) == sorted(bodies)
+    assert {m["keys"] for m in msgs} == set(bodies)
+    # The push consumer heartbeats the slave, rebalances with it and starts at offset 0 (the
+    # slave's QUERY_CONSUMER_OFFSET answer for a new group whose first message is in memory).
+    with PushConsumer(ns.addr, "CG_FALLBACK_PUSH", topic, log_dir=cluster.workdir) as consumer:
+        consumer.wait_started()
+        pushed = consumer.wait_count(n, timeout=30)
+    assert {m["body"] for m in pushed} == set(bodies)
