@@ -44,6 +44,12 @@ class BrokerCollector(Collector):
         yield counter("rmq_remoting_handler_errors", "Requests whose handler raised", r.handler_errors)
         yield counter("rmq_remoting_header_errors", "Requests with a missing or malformed header field",
                       r.header_errors)
+        bad = CounterMetricFamily("rmq_remoting_bad_requests",
+                                  "Requests refused for an unusable body or argument, by request code",
+                                  labels=[*names, "code"])
+        for code, n in sorted(r.bad_requests.items()):
+            bad.add_metric([*values, str(code)], n)
+        yield bad
         malformed = CounterMetricFamily("rmq_malformed_frames", "Malformed frames (connection closed)",
                                         labels=[*names, "reason"])
         for reason in ("bad_length", "bad_header", "truncated"):

@@ -12,7 +12,7 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
-from rmqbroker.remoting.wire import Header
+from rmqbroker.remoting.wire import BadRequestError, Header
 
 BROKER_VERSION_DESC = "V4_9_8"
 
@@ -42,19 +42,19 @@ class AdminProcessor:
         h = Header(cmd.ext_fields)
         topic = h.req_str(wire.TOPIC)
         problem = validate_topic(topic)
+        # Raised, not returned: the server counts what the client got wrong (rmq_remoting_bad_requests).
         if problem is not None:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, problem)
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, problem)
         if is_not_allowed_send_topic(topic):
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
         read = h.req_int(wire.READ_QUEUE_NUMS)
         write = h.req_int(wire.WRITE_QUEUE_NUMS)
         perm = h.req_int(wire.PERM)
         filter_type = h.opt_str(wire.TOPIC_FILTER_TYPE) or SINGLE_TAG
         if not (0 < read <= 1024 and 0 < write <= 1024) or not 0 <= perm <= 15 \
                 or filter_type not in (SINGLE_TAG, MULTI_TAG):
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR,
-                                     "readQueueNums/writeQueueNums must be 1..1024, perm 0..15, "
-                                     "topicFilterType SINGLE_TAG or MULTI_TAG")
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, "readQueueNums/writeQueueNums must be 1..1024, "
+                                  "perm 0..15, topicFilterType SINGLE_TAG or MULTI_TAG")
         tc = TopicConfig(topic, read, write, perm, filter_type, h.opt_int(wire.TOPIC_SYS_FLAG, 0),
                          h.opt_bool(wire.ORDER))
         ctx.topics.update_topic_config(tc, persist=False)

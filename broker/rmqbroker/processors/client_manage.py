@@ -10,32 +10,61 @@ from typing import Any
 
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE, retry_topic
-from rmqbroker.processors.clients import ClientChannel, SubscriptionParseError, build_subscription
+from rmqbroker.processors.clients import ClientChannel, SubscriptionData, SubscriptionParseError, build_subscription
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
-from rmqbroker.remoting.wire import Header
+from rmqbroker.remoting.wire import BadRequestError, Header
 
 log = logging.getLogger(__name__)
+
 
 def _json_object(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = fastjson_loads(bytes(body).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{what} body is not valid JSON: {exc}") from exc
+        raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"{what} body is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
-        raise ValueError(f"{what} body is not a JSON object")
+        raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"{what} body is not a JSON object")
     return obj
 
 
-def _mq_list(obj: dict[str, Any]) -> list[tuple[str, int]]:
+def _json_array(obj: dict[str, Any], key: str, what: str) -> list[Any]:
+    """``obj[key]`` as a list (absent or null is empty); anything else is the client's error."""
+    value = obj.get(key) or []
+    if not isinstance(value, list):
+        raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"{what} body: {key} is not a JSON array")
+    return value
+
+
+def _mq_list(obj: dict[str, Any], what: str) -> list[tuple[str, int]]:
     out = []
-    for mq in obj.get("mqSet") or []:
+    for mq in _json_array(obj, "mqSet", what):
         if isinstance(mq, dict) and isinstance(mq.get("topic"), str):
-            out.append((mq["topic"], int(mq.get("queueId", 0))))
+            try:
+                out.append((mq["topic"], int(mq.get("queueId", 0))))
+            except (ValueError, TypeError) as exc:
+                raise BadRequestError(ResponseCode.SYSTEM_ERROR,
+                                      f"{what} body: queueId {mq.get('queueId')!r} is not a number") from exc
     return out
+
+
+def _subscriptions(cd: Any) -> list[SubscriptionData]:
+    """The subscriptions of one heartbeat consumerData (entries without a topic are skipped)."""
+    if not isinstance(cd, dict) or not isinstance(cd.get("groupName"), str):
+        raise BadRequestError(ResponseCode.SYSTEM_ERROR, "heartbeat body: consumerData without groupName")
+    subs = []
+    for sd in _json_array(cd, "subscriptionDataSet", "heartbeat"):
+        if not isinstance(sd, dict) or not isinstance(sd.get("topic"), str):
+            continue
+        try:
+            version = int(sd.get("subVersion") or 0)
+            subs.append(build_subscription(sd["topic"], sd.get("subString"), version))
+        except (SubscriptionParseError, ValueError, TypeError) as exc:
+            raise BadRequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from exc
+    return subs
 
 
 def make_notifier(settings_enabled: bool,
@@ -66,37 +95,26 @@ class ClientManageProcessor:
         server.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock_batch)
 
     async def heartbeat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            data = _json_object(cmd.body, "heartbeat")
-        except ValueError as exc:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        data = _json_object(cmd.body, "heartbeat")
         client_id = str(data.get("clientID") or conn.remote_addr)
+        # The whole body is parsed before anything is registered or created: a refused heartbeat
+        # must not leave a subscription group, a retry topic or half of its consumers behind.
+        consumers = [(cd, _subscriptions(cd)) for cd in _json_array(data, "consumerDataSet", "heartbeat")]
+        producers = [pd["groupName"] for pd in _json_array(data, "producerDataSet", "heartbeat")
+                     if isinstance(pd, dict) and isinstance(pd.get("groupName"), str)]
         now = time.monotonic()
         ctx = self.ctx
-        for cd in data.get("consumerDataSet") or []:
-            if not isinstance(cd, dict) or not isinstance(cd.get("groupName"), str):
-                return cmd.make_response(ResponseCode.SYSTEM_ERROR, "consumerData without groupName")
+        for cd, subs in consumers:
             group = cd["groupName"]
             group_cfg = ctx.groups.find(group)
             if group_cfg is not None and not ctx.is_slave:
                 ctx.topics.create_retry_topic(retry_topic(group), group_cfg.retry_queue_nums,
                                               PERM_WRITE | PERM_READ, persist=False)
-            subs = []
-            for sd in cd.get("subscriptionDataSet") or []:
-                if not isinstance(sd, dict) or not isinstance(sd.get("topic"), str):
-                    continue
-                try:
-                    version = int(sd.get("subVersion") or 0)
-                    subs.append(build_subscription(sd["topic"], sd.get("subString"), version))
-                except (SubscriptionParseError, ValueError, TypeError) as exc:
-                    return cmd.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
             channel = ClientChannel(client_id, conn, cmd.language, cmd.version, now)
             ctx.clients.register_consumer(group, channel, cd.get("consumeType"), cd.get("messageModel"),
                                           cd.get("consumeFromWhere"), subs)
-        for pd in data.get("producerDataSet") or []:
-            if isinstance(pd, dict) and isinstance(pd.get("groupName"), str):
-                ctx.clients.register_producer(pd["groupName"],
-                                              ClientChannel(client_id, conn, cmd.language, cmd.version, now))
+        for group in producers:
+            ctx.clients.register_producer(group, ClientChannel(client_id, conn, cmd.language, cmd.version, now))
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -114,24 +132,18 @@ class ClientManageProcessor:
                                  body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
 
     async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            req = _json_object(cmd.body, "lock")
-        except ValueError as exc:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        req = _json_object(cmd.body, "lock")
         group = str(req.get("consumerGroup") or "")
         client_id = str(req.get("clientId") or "")
         if not group or not client_id:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "lock request needs consumerGroup and clientId")
-        locked = self.ctx.clients.try_lock(group, client_id, _mq_list(req))
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, "lock request needs consumerGroup and clientId")
+        locked = self.ctx.clients.try_lock(group, client_id, _mq_list(req, "lock"))
         name = self.ctx.settings.brokerName
         body = {"lockOKMQSet": [{"brokerName": name, "queueId": q, "topic": t} for t, q in locked]}
         return cmd.make_response(ResponseCode.SUCCESS, body=json.dumps(body, separators=(",", ":")).encode())
 
     async def unlock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            req = _json_object(cmd.body, "unlock")
-        except ValueError as exc:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        req = _json_object(cmd.body, "unlock")
         self.ctx.clients.unlock(str(req.get("consumerGroup") or ""), str(req.get("clientId") or ""),
-                                _mq_list(req))
+                                _mq_list(req, "unlock"))
         return cmd.make_response(ResponseCode.SUCCESS)

@@ -13,12 +13,14 @@ from collections.abc import Awaitable
 from typing import Final
 
 from rmqbroker.metadata.topics import (
+    AUTO_CREATE_TOPIC_KEY_TOPIC,
     PERM_READ,
     PERM_WRITE,
     RETRY_GROUP_TOPIC_PREFIX,
     TopicConfig,
     dlq_topic,
     is_not_allowed_send_topic,
+    perm_inherited,
     retry_topic,
     validate_topic,
 )
@@ -27,17 +29,32 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import SERIALIZE_JSON, RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand, encode_json_response
 from rmqbroker.remoting.server import Connection, Deferred, RemotingServer
-from rmqbroker.remoting.wire import Header, normalize_send_v2
+from rmqbroker.remoting.wire import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, Header, normalize_send_v2
 from rmqbroker.store import record as rec
 from rmqbroker.store.errors import CorruptRecordError
 from rmqbroker.store.message_store import MessageBatchInner, MessageInner, PutMessageStatus, PutResult
-from rmqbroker.store.record import CLUSTER, MULTI_TAGS, PROPERTY_SEPARATOR, WAIT, decode_properties
+from rmqbroker.store.record import (
+    CLUSTER,
+    MAX_PROPERTIES_LENGTH,
+    MULTI_TAGS,
+    PROPERTY_SEPARATOR,
+    WAIT,
+    decode_properties,
+    encode_properties,
+    join_properties,
+)
 
 # Request and response codes as plain module constants: compiled, an IntEnum member access is a
 # generic attribute lookup on every message.
 _SEND_MESSAGE: Final = int(RequestCode.SEND_MESSAGE)
 _SEND_BATCH_MESSAGE: Final = int(RequestCode.SEND_BATCH_MESSAGE)
 _SUCCESS: Final = int(ResponseCode.SUCCESS)
+_MESSAGE_ILLEGAL: Final = int(ResponseCode.MESSAGE_ILLEGAL)
+
+# Properties strings up to this many characters are within the store's byte limit whatever their
+# characters (UTF-8 takes at most 4 bytes per character): one length comparison per message, and
+# only longer strings are encoded to be measured.
+_PROPS_SAFE_CHARS: Final = MAX_PROPERTIES_LENGTH // 4
 
 # What a send answers with: a response command, or (JSON success) the encoded frame itself.
 Answer = RemotingCommand | bytes
@@ -86,6 +103,13 @@ class SendRejected(Exception):
         self.remark = remark
 
 
+def _illegal_queue(topic: str, queue_id: int, write_nums: int, read_nums: int, remote: str) -> SendRejected:
+    return SendRejected(ResponseCode.SYSTEM_ERROR,
+                        f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
+                        f"topicConfig.writeQueueNums:[{write_nums}] "
+                        f"topicConfig.readQueueNums:[{read_nums}] producer:[{remote}]")
+
+
 _SendHeader = tuple[str, int, int, str, int, int, int, int, int, str | None, str]
 
 
@@ -93,10 +117,12 @@ def _send_header_checked(ext: dict[str, str]) -> _SendHeader:
     """The send header through :class:`Header`: a missing or malformed field raises HeaderError
     naming the V1 field, as Java's decodeCommandCustomHeader does."""
     h = Header(ext)
-    return (h.req_str(wire.TOPIC), h.req_int(wire.QUEUE_ID), h.req_int(wire.SYS_FLAG),
-            h.req_str(wire.DEFAULT_TOPIC), h.req_int(wire.DEFAULT_TOPIC_QUEUE_NUMS),
-            h.req_int(wire.BORN_TIMESTAMP), h.req_int(wire.FLAG), h.opt_int(wire.RECONSUME_TIMES, 0),
-            h.opt_int(wire.MAX_RECONSUME_TIMES, -1), h.opt_str(wire.BATCH), h.opt_str(wire.PROPERTIES) or "")
+    # Java's SendMessageRequestHeader: bornTimestamp is a Long, the other numbers Integers (and the
+    # record stores them as int32/int64: a wider value must be refused here, not fail the append).
+    return (h.req_str(wire.TOPIC), h.req_int32(wire.QUEUE_ID), h.req_int32(wire.SYS_FLAG),
+            h.req_str(wire.DEFAULT_TOPIC), h.req_int32(wire.DEFAULT_TOPIC_QUEUE_NUMS),
+            h.req_int(wire.BORN_TIMESTAMP), h.req_int32(wire.FLAG), h.opt_int32(wire.RECONSUME_TIMES, 0),
+            h.opt_int32(wire.MAX_RECONSUME_TIMES, -1), h.opt_str(wire.BATCH), h.opt_str(wire.PROPERTIES) or "")
 
 
 def _send_header(cmd: RemotingCommand) -> _SendHeader:
@@ -104,21 +130,42 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
     reconsumeTimes, maxReconsumeTimes, batch, properties)`` of a send request.
 
     SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE letters are read directly (no renamed copy of the header,
-    no Header object: about 4 µs less per message). Anything missing or malformed falls back to
-    the validating V1 path, which gives the same values or the HeaderError remark.
+    no Header object: about 4 µs less per message). Anything missing, malformed or out of range
+    falls back to the validating V1 path, which gives the same values or the HeaderError remark.
     """
     ext = cmd.ext_fields
     if cmd.code == _SEND_MESSAGE:
         return _send_header_checked(ext)
     try:
         # Same semantics as Header: int() of the string; optional ints default when absent or "".
-        recon = ext.get("j")
-        max_recon = ext.get("l")
-        return (ext["b"], int(ext["e"]), int(ext["f"]), ext["c"], int(ext["d"]), int(ext["g"]), int(ext["h"]),
-                int(recon) if recon else 0, int(max_recon) if max_recon else -1, ext.get("m"),
-                ext.get("i") or "")
+        topic = ext["b"]
+        default_topic = ext["c"]
+        recon_s = ext.get("j")
+        max_recon_s = ext.get("l")
+        queue_id = int(ext["e"])
+        sys_flag = int(ext["f"])
+        nums = int(ext["d"])
+        born_ts = int(ext["g"])
+        flag = int(ext["h"])
+        recon = int(recon_s) if recon_s else 0
+        max_recon = int(max_recon_s) if max_recon_s else -1
     except (KeyError, ValueError):
         return _send_header_checked(normalize_send_v2(ext))
+    # Integer comparisons only; the V1 path names the field that is out of range.
+    if (INT32_MIN <= queue_id <= INT32_MAX and INT32_MIN <= sys_flag <= INT32_MAX and INT32_MIN <= nums <= INT32_MAX
+            and INT32_MIN <= flag <= INT32_MAX and INT32_MIN <= recon <= INT32_MAX
+            and INT32_MIN <= max_recon <= INT32_MAX and INT64_MIN <= born_ts <= INT64_MAX):
+        return (topic, queue_id, sys_flag, default_topic, nums, born_ts, flag, recon, max_recon, ext.get("m"),
+                ext.get("i") or "")
+    return _send_header_checked(normalize_send_v2(ext))
+
+
+def _too_long(props: str) -> bool:
+    """Whether the store would refuse ``props`` as longer than its UTF-8 properties limit."""
+    n = len(props)
+    if n <= _PROPS_SAFE_CHARS:
+        return False
+    return n > MAX_PROPERTIES_LENGTH or len(props.encode("utf-8", "surrogatepass")) > MAX_PROPERTIES_LENGTH
 
 
 class SendMessageProcessor:
@@ -128,6 +175,9 @@ class SendMessageProcessor:
         self.ctx = ctx
         settings = ctx.settings
         self._store_host = (settings.host_ip, settings.listenPort)
+        # The store's own limit, checked here too so that an oversized send is refused before its
+        # topic is auto-created.
+        self._max_message_size = ctx.store.config.max_message_size
         self._cluster = settings.brokerClusterName
         # Topic names that passed the (pure, name-only) validity and not-allowed checks: the regex
         # check per message showed up at 1.5 % of the broker's CPU.
@@ -142,8 +192,8 @@ class SendMessageProcessor:
         server.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
 
     # -- checks shared by single and batch sends --
-    def _check(self, topic: str, queue_id: int, default_topic: str, default_nums: int, sys_flag: int,
-               remote: str) -> TopicConfig:
+    def _check_sendable(self, topic: str) -> None:
+        """The broker takes sends and ``topic`` is a name one may send to (no side effects)."""
         ctx = self.ctx
         if ctx.role == "SLAVE":  # ctx.is_slave without the property call, once per message
             raise SendRejected(ResponseCode.SERVICE_NOT_AVAILABLE,
@@ -160,8 +210,15 @@ class SendMessageProcessor:
             if len(self._sendable_names) >= _SENDABLE_NAMES_MAX:
                 self._sendable_names.clear()  # bound the memory a stream of distinct names can take
             self._sendable_names.add(topic)
+
+    def _topic_config(self, topic: str, queue_id: int, default_topic: str, default_nums: int,
+                      remote: str) -> TopicConfig:
+        """``topic``'s config, auto-created if absent: call it last, once nothing else can refuse the
+        send, so that a refused send leaves no topic behind."""
+        ctx = self.ctx
         tc = ctx.topics.select(topic)
         if tc is None:
+            self._check_new_topic_queue(topic, queue_id, default_topic, default_nums, remote)
             if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                 tc = ctx.topics.create_retry_topic(topic, 1, PERM_WRITE | PERM_READ, persist=False)
             else:
@@ -172,11 +229,45 @@ class SendMessageProcessor:
                                    f"topic[{topic}] not exist, apply first please!")
             ctx.register_now()
         if queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
-            raise SendRejected(ResponseCode.SYSTEM_ERROR,
-                               f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
-                               f"topicConfig.writeQueueNums:[{tc.write_queue_nums}] "
-                               f"topicConfig.readQueueNums:[{tc.read_queue_nums}] producer:[{remote}]")
+            raise _illegal_queue(topic, queue_id, tc.write_queue_nums, tc.read_queue_nums, remote)
         return tc
+
+    def _check_new_topic_queue(self, topic: str, queue_id: int, default_topic: str, default_nums: int,
+                               remote: str) -> None:
+        """Refuse, before the topic is created, a queueId beyond the queues the auto-created topic
+        would get (Java creates the topic first and refuses after, leaving it behind). The queue
+        counts mirror create_retry_topic / create_topic_in_send_message_method; when the creation
+        itself would be refused, that refusal (TOPIC_NOT_EXIST) is left to come first."""
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            nums = 1
+        else:
+            topics = self.ctx.topics
+            default = topics.select(default_topic)
+            if default is None or not perm_inherited(default.perm) or (
+                    default_topic == AUTO_CREATE_TOPIC_KEY_TOPIC and not topics.auto_create_topic_enable):
+                return
+            nums = max(0, min(default_nums, default.write_queue_nums))
+        if queue_id >= nums:
+            raise _illegal_queue(topic, queue_id, nums, nums, remote)
+
+    def _check_body(self, body: bytes) -> None:
+        if len(body) > self._max_message_size:
+            raise SendRejected(_MESSAGE_ILLEGAL, f"the message body size {len(body)} exceeds the maximum "
+                                                 f"{self._max_message_size}")
+
+    def _check_properties(self, topic: str, props_raw: str, props: dict[str, str], props_string: str | None) -> None:
+        """Refuse a single message whose properties the store would refuse as too long; the common
+        case costs one length comparison."""
+        if props_string is not None:
+            too_long = _too_long(props_string)
+        else:
+            # The store encodes the properties plus CLUSTER: no longer than the producer's string
+            # plus the CLUSTER suffix, so only a long string is encoded here to be measured.
+            too_long = len(props_raw) + len(self._cluster_suffix) > _PROPS_SAFE_CHARS and _too_long(
+                encode_properties({**props, CLUSTER: self._cluster}))
+        if too_long:
+            raise SendRejected(_MESSAGE_ILLEGAL, f"the message properties of topic {topic} are longer than "
+                                                 f"{MAX_PROPERTIES_LENGTH} bytes")
 
     def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
@@ -193,9 +284,9 @@ class SendMessageProcessor:
         is_batch = cmd.code == _SEND_BATCH_MESSAGE or (
             batch_raw is not None and batch_raw.lower() in ("true", "1"))
         try:
-            tc = self._check(topic, queue_id, default_topic, default_queue_nums, sys_flag, conn.remote_addr)
-            if queue_id < 0:
-                queue_id = random.randrange(max(tc.write_queue_nums, 1))
+            # Everything that can refuse the send runs before _topic_config, which may auto-create
+            # the topic: a refused send must leave neither a topic nor bytes behind.
+            self._check_sendable(topic)
             props = decode_properties(props_raw)
             # The stored properties are encode_properties(props + CLUSTER). When the producer's
             # string already is what re-encoding would give (every segment kept, no duplicate
@@ -205,19 +296,33 @@ class SendMessageProcessor:
             body_str = props_raw[:-1] if props_raw.endswith(PROPERTY_SEPARATOR) else props_raw
             if len(props) == body_str.count(PROPERTY_SEPARATOR) + 1 and CLUSTER not in props:
                 props_string = f"{body_str}{self._cluster_suffix}"
-            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not is_batch:
-                topic, queue_id = self._retry_or_dlq(topic, queue_id, reconsume_times, max_reconsume_times,
-                                                     cmd.version, props)
-                props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
+            body = bytes(cmd.body)
+            dlq: str | None = None
+            entries: list[rec.BatchEntry] | None = None
+            if is_batch:
+                body, sys_flag, entries = self._decode_batch(topic, body, sys_flag, props_raw, props)
+            else:
+                self._check_body(body)
+                if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                    dlq = self._dlq_if_exhausted(topic, reconsume_times, max_reconsume_times, cmd.version, props)
+                    props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
+                self._check_properties(topic, props_raw, props, props_string)
+            tc = self._topic_config(topic, queue_id, default_topic, default_queue_nums, conn.remote_addr)
+            if queue_id < 0:
+                queue_id = random.randrange(max(tc.write_queue_nums, 1))
+            if dlq is not None:
+                self.ctx.topics.create_retry_topic(dlq, 1, PERM_WRITE | PERM_READ, persist=False)
+                log.info("message for %s reached %d reconsumes: to %s", topic, reconsume_times, dlq)
+                topic, queue_id = dlq, 0
             if tc.topic_filter_type == "MULTI_TAG":
                 sys_flag |= MULTI_TAGS
             props[CLUSTER] = self._cluster
-            body = bytes(cmd.body)
             born_host = (conn.remote_host, conn.remote_port)
             store = self.ctx.store
-            if is_batch:
-                batch = self._unpack_batch(topic, queue_id, body, sys_flag, props, born_ts, born_host)
-                result = store.append_messages(batch)
+            if entries is not None:
+                result = store.append_messages(MessageBatchInner(
+                    topic=topic, queue_id=queue_id, body=body, properties=props, sys_flag=sys_flag,
+                    born_timestamp=born_ts, born_host=born_host, entries=entries))
             else:
                 # Positional (in field order: ..., tags_code, store_host, prepared_transaction_offset,
                 # properties_string): once per message, and cheaper than keywords.
@@ -244,8 +349,10 @@ class SendMessageProcessor:
         await pending
         return self._response(cmd, result, queue_id, len(cmd.body))
 
-    def _retry_or_dlq(self, topic: str, queue_id: int, reconsume_times: int, max_reconsume: int, version: int,
-                      props: dict[str, str]) -> tuple[str, int]:
+    def _dlq_if_exhausted(self, topic: str, reconsume_times: int, max_reconsume: int, version: int,
+                          props: dict[str, str]) -> str | None:
+        """The DLQ a send to a %RETRY% topic goes to once its reconsumes are used up (its DELAY
+        dropped from ``props``), else None. Creating the DLQ topic is left to the caller."""
         group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
         cfg = self.ctx.groups.find(group, persist=False)
         if cfg is None:
@@ -253,15 +360,14 @@ class SendMessageProcessor:
                                f"subscription group not exist, {group}")
         limit = max_reconsume if version >= 121 and max_reconsume >= 0 else cfg.retry_max_times
         if reconsume_times < limit:
-            return topic, queue_id
-        dlq = dlq_topic(group)
-        self.ctx.topics.create_retry_topic(dlq, 1, PERM_WRITE | PERM_READ, persist=False)
+            return None
         props.pop(rec.DELAY, None)
-        log.info("message for %s reached %d reconsumes: to %s", topic, reconsume_times, dlq)
-        return dlq, 0
+        return dlq_topic(group)
 
-    def _unpack_batch(self, topic: str, queue_id: int, body: bytes, sys_flag: int, props: dict[str, str],
-                      born_ts: int, born_host: tuple[str, int]) -> MessageBatchInner:
+    def _decode_batch(self, topic: str, body: bytes, sys_flag: int, props_raw: str,
+                      props: dict[str, str]) -> tuple[bytes, int, list[rec.BatchEntry]]:
+        """``(body, sys_flag, entries)`` of a batch the store will take (the body decompressed),
+        or SendRejected for anything in it the store would refuse."""
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
         if sys_flag & rec.COMPRESSED:
@@ -279,8 +385,24 @@ class SendMessageProcessor:
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch body has no messages")
         if rec.DELAY in props or any(rec.get_property(e.properties, rec.DELAY) for e in entries):
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot carry a delay level")
-        return MessageBatchInner(topic=topic, queue_id=queue_id, body=body, properties=props, sys_flag=sys_flag,
-                                 born_timestamp=born_ts, born_host=born_host, entries=entries)
+        if sys_flag & rec.TRANSACTION_TYPE_MASK:
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be transactional")
+        max_size = self._max_message_size
+        # Each entry is stored with the batch's properties (plus CLUSTER) joined to its own; the
+        # joined text is no longer than the two strings and the CLUSTER suffix with a separator.
+        batch_chars = len(props_raw) + len(self._cluster_suffix) + 1
+        batch_props: str | None = None
+        for i, entry in enumerate(entries):
+            if len(entry.body) > max_size:
+                raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"batch message {i}: body size {len(entry.body)} "
+                                                                 f"exceeds the maximum {max_size}")
+            if len(entry.properties) + batch_chars > _PROPS_SAFE_CHARS:
+                if batch_props is None:
+                    batch_props = encode_properties({**props, CLUSTER: self._cluster})
+                if _too_long(join_properties(entry.properties, batch_props)):
+                    raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"batch message {i}: properties longer than "
+                                                                     f"{MAX_PROPERTIES_LENGTH} bytes")
+        return body, sys_flag, entries
 
     def _response(self, cmd: RemotingCommand, result: PutResult, queue_id: int, nbytes: int) -> Answer:
         status = result.status

@@ -1,7 +1,8 @@
 """asyncio remoting server: frame parsing, dispatch by request code, responses matched by opaque.
 
 Malformed frames (bad length, undecodable header) close that connection and are counted; a
-handler error becomes a SYSTEM_ERROR response with a remark. Nothing a peer sends can stop the
+request the client got wrong (bad header field, undecodable body) is answered with its error code
+and counted; any other handler error becomes a SYSTEM_ERROR response with a remark. Nothing a peer sends can stop the
 server from serving other connections.
 """
 
@@ -26,7 +27,7 @@ from rmqbroker.remoting.frame import (
     encode_header,
 )
 from rmqbroker.remoting.latency import RequestLatency
-from rmqbroker.remoting.wire import HeaderError
+from rmqbroker.remoting.wire import BadRequestError, HeaderError
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,13 @@ class RemotingStats:
     unsupported_codes: int = 0
     handler_errors: int = 0
     header_errors: int = 0
+    bad_requests: dict[int, int] = field(default_factory=dict)  # other BadRequestErrors, by request code
 
     def malformed(self, reason: str) -> None:
         self.malformed_frames[reason] = self.malformed_frames.get(reason, 0) + 1
+
+    def bad_request(self, code: int) -> None:
+        self.bad_requests[code] = self.bad_requests.get(code, 0) + 1
 
 
 class Connection(asyncio.Protocol):
@@ -248,9 +253,14 @@ class Connection(asyncio.Protocol):
             self._finish(cmd, self._error_response(cmd, exc), started=started)
 
     def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
-        if isinstance(exc, HeaderError):
-            self.server.stats.header_errors += 1
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
+        if isinstance(exc, BadRequestError):
+            # The client's mistake, not the broker's: counted and answered, no traceback logged.
+            if isinstance(exc, HeaderError):
+                self.server.stats.header_errors += 1
+            else:
+                self.server.stats.bad_request(cmd.code)
+            log.debug("request code %d from %s refused: %s", cmd.code, self.remote_addr, exc.remark)
+            return cmd.make_response(exc.code, exc.remark)
         self.server.stats.handler_errors += 1
         log.error("request code %d from %s failed", cmd.code, self.remote_addr, exc_info=exc)
         return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")

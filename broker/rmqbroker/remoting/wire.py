@@ -1,11 +1,16 @@
 """Java wire names: every camelCase header field and the V2 single-letter send header live here.
 
-Processors read request headers through :class:`Header`, which turns a missing or malformed field
-into :class:`HeaderError` (answered with SYSTEM_ERROR and a remark naming the field), the same
-outcome a Java broker gives when ``decodeCommandCustomHeader`` fails.
+Processors read request headers through :class:`Header`, which turns a missing, malformed or
+out-of-range field into :class:`HeaderError` (answered with SYSTEM_ERROR and a remark naming the
+field), the same outcome a Java broker gives when ``decodeCommandCustomHeader`` fails. A request
+whose body cannot be used raises :class:`BadRequestError`; the server answers and counts both.
 """
 
 from __future__ import annotations
+
+from typing import Final
+
+from rmqbroker.remoting.codes import ResponseCode
 
 # --- common ---
 TOPIC = "topic"
@@ -91,8 +96,31 @@ MASTER_ADDR = "masterAddr"
 CHANGED = "changed"
 
 
-class HeaderError(Exception):
-    """A required request header field is missing or has the wrong type."""
+# Java's Integer and Long: a header number outside them fails Integer/Long.parseInt there, and
+# here it could not be packed into a record's int32/int64 fields.
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+
+_SYSTEM_ERROR: Final = int(ResponseCode.SYSTEM_ERROR)
+
+
+class BadRequestError(Exception):
+    """A request the client got wrong (undecodable body, illegal name, ...): answered with ``code``
+    and ``remark`` by the server, which counts it per request code instead of logging a traceback."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+
+
+class HeaderError(BadRequestError):
+    """A required request header field is missing, has the wrong type or is out of range."""
+
+    def __init__(self, remark: str) -> None:
+        super().__init__(_SYSTEM_ERROR, remark)
 
 
 class Header:
@@ -112,23 +140,25 @@ class Header:
     def opt_str(self, name: str, default: str | None = None) -> str | None:
         return self._ext.get(name, default)
 
-    def req_int(self, name: str) -> int:
+    def req_int(self, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
+        """A required number; a Java ``long`` unless the bounds say otherwise (see :meth:`req_int32`)."""
         value = self._ext.get(name)
         if value is None:
             raise HeaderError(f"the custom field <{name}> is null")
-        try:
-            return int(value)
-        except ValueError as exc:
-            raise HeaderError(f"the custom field <{name}> is not a number: {value!r}") from exc
+        return _parse_int(name, value, lo, hi)
 
-    def opt_int(self, name: str, default: int) -> int:
+    def opt_int(self, name: str, default: int, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
         value = self._ext.get(name)
         if value is None or value == "":
             return default
-        try:
-            return int(value)
-        except ValueError as exc:
-            raise HeaderError(f"the custom field <{name}> is not a number: {value!r}") from exc
+        return _parse_int(name, value, lo, hi)
+
+    def req_int32(self, name: str) -> int:
+        """A required Java ``int`` field."""
+        return self.req_int(name, INT32_MIN, INT32_MAX)
+
+    def opt_int32(self, name: str, default: int) -> int:
+        return self.opt_int(name, default, INT32_MIN, INT32_MAX)
 
     def opt_bool(self, name: str, default: bool = False) -> bool:
         # Java's Boolean.parseBoolean: only "true" (any case) is true. The C++ client's "1" for
@@ -137,6 +167,16 @@ class Header:
         if value is None:
             return default
         return value.lower() == "true"
+
+
+def _parse_int(name: str, value: str, lo: int, hi: int) -> int:
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise HeaderError(f"the custom field <{name}> is not a number: {value!r}") from exc
+    if not lo <= number <= hi:
+        raise HeaderError(f"the custom field <{name}> is out of range [{lo}, {hi}]: {value!r}")
+    return number
 
 
 def normalize_send_v2(ext: dict[str, str]) -> dict[str, str]:
