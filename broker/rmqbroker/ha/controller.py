@@ -141,6 +141,9 @@ class ReplicationController:
             self.ctx.role = role
             self._apply_role()
             return
+        # stop() waits for a handshake's epoch adoption still in flight, so begin_epoch below is
+        # checked against the epoch that adoption left (a newer master's term makes it a 409)
+        # rather than overwritten by the adoption afterwards.
         await self.ha_client.stop()
         await self.metadata_sync.stop()
         # Every replicated record gets its consume-queue unit before this broker serves as master;

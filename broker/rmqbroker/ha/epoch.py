@@ -28,6 +28,12 @@ class EpochError(ValueError):
     """An epoch change that would go backwards, or a malformed history."""
 
 
+class EpochChangedError(EpochError):
+    """An adoption based on an epoch state that has changed since it was read (a promotion, a
+    demotion or another adoption came in between): the handshake must be redone against the
+    current state."""
+
+
 @dataclass(frozen=True, slots=True)
 class EpochEntry:
     epoch: int
@@ -91,8 +97,14 @@ class EpochStore:
     Besides the group's history, it remembers the epoch this broker itself was promoted at
     (``ownEpoch``): promoting again at the current epoch is a retry of that promotion, allowed only
     to the broker that made it. A slave that merely adopted epoch ``e`` from its master must not
-    become a second writer of ``e``. Every change checks and persists under one lock, so that a
-    late ``adopt`` (a cancelled handshake's thread) cannot undo a promotion made meanwhile.
+    become a second writer of ``e``. Every change checks and persists under one lock.
+
+    ``generation`` counts the changes this process made. An HA handshake reads it before it
+    looks at the epoch and history, and its ``adopt`` is refused if the count moved: a promotion,
+    demotion or other adoption in between means the divergence point and the decision to follow
+    were made for a state that no longer holds (a late adopt of a cancelled handshake would
+    otherwise replace a promotion's history whenever its master's epoch is the newer one). It is
+    not persisted: a handshake never outlives the process that read it.
     """
 
     def __init__(self, config_dir: Path) -> None:
@@ -101,6 +113,7 @@ class EpochStore:
         self.epoch = 0
         self.history: list[EpochEntry] = []
         self.own_epoch: int | None = None
+        self.generation = 0
         text = load_with_backup(self.path)
         if text:
             try:
@@ -120,6 +133,13 @@ class EpochStore:
         obj = {**self.to_json_obj(), "ownEpoch": self.own_epoch}
         atomic_write(self.path, json.dumps(obj, indent=1))
 
+    def _changed(self) -> None:
+        # Bumped once the new state is in memory (before it is persisted, which may fail and
+        # leave it there all the same): a reader on the event loop that reads the generation
+        # first and then the fields sees either the old count (and its adopt is refused) or the
+        # new count with the new fields, never the new count with old fields.
+        self.generation += 1
+
     def check_not_older(self, epoch: int) -> None:
         if epoch < self.epoch:
             raise EpochError(f"epoch {epoch} is older than this broker's epoch {self.epoch}")
@@ -134,17 +154,27 @@ class EpochStore:
                                  + (f" (epoch {epoch} is another broker's term)" if epoch == self.epoch else ""))
             # A slave promoted before it received any byte of its master's latest terms holds
             # nothing of them: in this log they end, empty, where the new term begins.
-            self.history = [e if e.start_offset <= start_offset else EpochEntry(e.epoch, start_offset)
-                            for e in self.history]
-            self.history.append(EpochEntry(epoch, start_offset))
+            history = [e if e.start_offset <= start_offset else EpochEntry(e.epoch, start_offset)
+                       for e in self.history]
+            history.append(EpochEntry(epoch, start_offset))
+            self.history = history
             self.epoch = epoch
             self.own_epoch = epoch
+            self._changed()
             self._persist()
         log.info("epoch %d begins at offset %d", epoch, start_offset)
 
-    def adopt(self, epoch: int, history: list[EpochEntry]) -> None:
-        """Follow a master: take over its epoch and history (blocking)."""
+    def adopt(self, epoch: int, history: list[EpochEntry], *, seen: int | None = None) -> None:
+        """Follow a master: take over its epoch and history (blocking).
+
+        ``seen`` is the ``generation`` the caller read before deciding to follow; if anything
+        changed the state since, :class:`EpochChangedError` and nothing is written.
+        """
         with self._lock:
+            if seen is not None and seen != self.generation:
+                raise EpochChangedError(
+                    f"epoch state changed while adopting epoch {epoch} (now epoch {self.epoch}); "
+                    "the handshake must be redone")
             self.check_not_older(epoch)
             if epoch == self.epoch and self.own_epoch == epoch:
                 # Two masters of one term: never merge another writer's history into ours.
@@ -153,6 +183,7 @@ class EpochStore:
                 return
             self.epoch = epoch
             self.history = list(history)
+            self._changed()
             self._persist()
 
     def set_epoch(self, epoch: int) -> None:
@@ -160,4 +191,5 @@ class EpochStore:
             self.check_not_older(epoch)
             if epoch != self.epoch:
                 self.epoch = epoch
+                self._changed()
                 self._persist()

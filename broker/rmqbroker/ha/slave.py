@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -30,7 +31,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rmqbroker.ha.epoch import EpochError, EpochStore, divergence_offset, parse_history, same_term
+from rmqbroker.ha.epoch import (
+    EpochChangedError,
+    EpochError,
+    EpochStore,
+    divergence_offset,
+    parse_history,
+    same_term,
+)
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.store.errors import StoreError
@@ -480,6 +488,9 @@ class HAClient:
             self._reput_task = loop.create_task(self._reput(), name="ha-reput")
 
     async def stop(self) -> None:
+        """Stop following. Returns only once a handshake's epoch adoption, which cannot be
+        cancelled midway, has finished: a promotion that stops this client first must check its
+        epoch against the state that adoption leaves, not have it change underneath."""
         for task in (self._task, self._reput_task):
             if task is not None:
                 task.cancel()
@@ -551,6 +562,10 @@ class HAClient:
                 backoff = 0.5
             except (OSError, ConnectionError, TimeoutError) as exc:
                 log.warning("HA connection to %s failed: %s", addr, exc)
+            except EpochChangedError as exc:
+                # A role change or re-point overtook the handshake; the next one starts from the
+                # epoch state as it is now.
+                log.warning("HA handshake with %s overtaken: %s", addr, exc)
             except (StreamMismatchError, StoreError) as exc:
                 self.mismatches += 1
                 log.error("HA stream from %s refused: %s", addr, exc)
@@ -617,8 +632,15 @@ class HAClient:
                 sock.close()
 
     async def _reconcile(self, answer: bytes, addr: str) -> None:
-        """Cut any tail of ours the master never had, then adopt the master's epoch history."""
-        assert self.epochs is not None
+        """Cut any tail of ours the master never had, then adopt the master's epoch history.
+
+        Raises :class:`EpochChangedError` if the epoch state changed between the checks here and
+        the adoption (the next handshake decides afresh).
+        """
+        epochs = self.epochs
+        assert epochs is not None
+        # Read before the epoch and history the decision below rests on (see EpochStore).
+        seen = epochs.generation
         try:
             obj = json.loads(answer)
             master_epoch = int(obj["epoch"])
@@ -626,12 +648,12 @@ class HAClient:
             master_max = int(obj["maxOffset"])
         except (ValueError, KeyError, TypeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
-        if master_epoch < self.epochs.epoch:
+        if master_epoch < epochs.epoch:
             raise StreamMismatchError(
-                f"master {addr} is at epoch {master_epoch}, older than ours ({self.epochs.epoch})")
-        point = divergence_offset(self.epochs.history, master_history, master_max)
+                f"master {addr} is at epoch {master_epoch}, older than ours ({epochs.epoch})")
+        point = divergence_offset(epochs.history, master_history, master_max)
         own_max = self.store.max_phy_offset()
-        if own_max > point and master_epoch == self.epochs.epoch and same_term(self.epochs.history, master_history):
+        if own_max > point and master_epoch == epochs.epoch and same_term(epochs.history, master_history):
             # The master came back with less of its own term than it replicated here (an older
             # disk): these bytes may be acknowledged sends. Like a Java slave, keep them and do
             # not follow; promoting this broker (a newer epoch) or restoring the master resolves it.
@@ -647,7 +669,17 @@ class HAClient:
                         own_max - point, point, own_max, addr, master_epoch)
             self._truncate(point)
             self.truncated_bytes += own_max - point
-        await asyncio.to_thread(self.epochs.adopt, master_epoch, master_history)
+        adopting = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(epochs.adopt, master_epoch, master_history, seen=seen))
+        try:
+            await asyncio.shield(adopting)
+        except asyncio.CancelledError:
+            # The thread goes on regardless; whoever cancelled us (stop() before a promotion)
+            # waits for it, so its next step sees the epoch store as the adoption leaves it.
+            await asyncio.wait({adopting})
+            if not adopting.cancelled() and (refused := adopting.exception()) is not None:
+                log.info("epoch adoption of the stopped handshake with %s not applied: %s", addr, refused)
+            raise
 
 
 def _close_result(fut: asyncio.Future[socket.socket]) -> None:

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from rmqbroker.ha.epoch import EpochEntry, EpochError, EpochStore, divergence_offset, same_term
+from rmqbroker.ha.epoch import (
+    EpochChangedError,
+    EpochEntry,
+    EpochError,
+    EpochStore,
+    divergence_offset,
+    same_term,
+)
 
 E = EpochEntry
 
@@ -69,6 +76,40 @@ def test_a_late_adopt_cannot_undo_a_promotion(tmp_path: Path) -> None:
     with pytest.raises(EpochError, match="own term"):
         store.adopt(2, [E(1, 0), E(2, 900)])
     assert EpochStore(tmp_path).history == [E(1, 0), E(2, 800)]
+
+
+def test_an_adopt_decided_before_a_promotion_is_refused_even_for_a_newer_master(tmp_path: Path) -> None:
+    """A handshake adopts with the generation it read: a promotion that came in between wins, also
+    when the master's epoch (3) is newer than the promotion's (2), which check_not_older lets by."""
+    store = EpochStore(tmp_path)
+    store.adopt(1, [E(1, 0)])
+    seen = store.generation  # the handshake with a master of epoch 3 reads the state here
+    store.begin_epoch(2, 1000)  # POST /role promotes this broker meanwhile
+    with pytest.raises(EpochChangedError):
+        store.adopt(3, [E(1, 0), E(3, 1000)], seen=seen)
+    assert (store.epoch, store.history, store.own_epoch) == (2, [E(1, 0), E(2, 1000)], 2)
+    assert EpochStore(tmp_path).history == [E(1, 0), E(2, 1000)]
+
+
+def test_generation_moves_with_every_change_and_only_then(tmp_path: Path) -> None:
+    """Each real change refuses adopts decided before it; repeating what is already there does not,
+    so a slave re-handshaking with the same master is never refused."""
+    store = EpochStore(tmp_path)
+    seen = store.generation
+    store.adopt(1, [E(1, 0)], seen=seen)
+    assert store.generation > seen
+    seen = store.generation
+    store.adopt(1, [E(1, 0)], seen=seen)  # same master, same history
+    store.set_epoch(1)
+    assert store.generation == seen
+    store.set_epoch(2)  # demoted at a newer epoch
+    with pytest.raises(EpochChangedError):
+        store.adopt(2, [E(1, 0), E(2, 500)], seen=seen)
+    assert (store.epoch, store.history) == (2, [E(1, 0)])
+    seen = store.generation
+    store.adopt(2, [E(1, 0), E(2, 500)], seen=seen)
+    store.begin_epoch(3, 900)
+    assert store.generation == seen + 2
 
 
 def test_promotion_of_a_slave_that_never_got_its_masters_last_term(tmp_path: Path) -> None:
