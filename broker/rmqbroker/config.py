@@ -10,6 +10,7 @@ a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import re
@@ -142,8 +143,14 @@ _FIELDS = {f.metadata["key"]: f for f in dataclasses.fields(BrokerSettings)}
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+_ENV_PREFIX = "RMQ_BROKER_"
+
+
 def env_name(key: str) -> str:
-    return "RMQ_BROKER_" + _SNAKE.sub("_", key).upper()
+    return _ENV_PREFIX + _SNAKE.sub("_", key).upper()
+
+
+_ENV_KEYS: dict[str, str] = {env_name(key): key for key in _FIELDS}
 
 
 def default_ip() -> str:
@@ -190,6 +197,59 @@ def _convert(key: str, raw: str, typ: Any) -> Any:
     return raw.strip()
 
 
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` is neither an IPv4 address nor a host name (RFC 1123), or None."""
+    if not host:
+        return "empty host"
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    # A name whose last label is numeric can only be meant as an IPv4 address (RFC 1123 2.1):
+    # judging it as one keeps 999.1.1.1 or 10.0.0 from passing as host names.
+    if labels[-1].isdigit():
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            return f"{host!r} is not a valid IPv4 address"
+        return None
+    if len(name) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return f"{host!r} is not an IPv4 address or host name"
+    return None
+
+
+def _address_problem(addr: str) -> str | None:
+    """Why ``addr`` is not ``host:port``, or None."""
+    host, sep, port = addr.rpartition(":")
+    if not sep:
+        return f"{addr!r} is not host:port"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{addr!r}: {port!r} is not a TCP port"
+    problem = _host_problem(host)
+    return f"{addr!r}: {problem}" if problem else None
+
+
+def _validate_addresses(s: BrokerSettings) -> None:
+    for key in ("brokerIP1", "brokerIP2"):
+        value = getattr(s, key)
+        problem = _host_problem(value) if value else None
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+    if s.haMasterAddress:
+        problem = _address_problem(s.haMasterAddress)
+        if problem:
+            raise ConfigError(f"haMasterAddress: {problem}")
+    if s.namesrvAddr.strip():
+        # Empty entries ("a:1;") are tolerated as RocketMQ does; namesrv_addrs skips them too.
+        for addr in s.namesrv_addrs:
+            problem = _address_problem(addr)
+            if problem:
+                raise ConfigError(f"namesrvAddr: {problem} (expected host:port;host:port)")
+        if not s.namesrv_addrs:
+            raise ConfigError(f"namesrvAddr: {s.namesrvAddr!r} has no host:port")
+
+
 def _validate(s: BrokerSettings) -> None:
     if s.brokerRole not in ROLES:
         raise ConfigError(f"brokerRole: expected one of {', '.join(ROLES)}, got {s.brokerRole!r}")
@@ -216,6 +276,18 @@ def _validate(s: BrokerSettings) -> None:
         parse_delay_levels(s.messageDelayLevel)
     except ValueError as exc:
         raise ConfigError(f"messageDelayLevel: {exc}") from exc
+    _validate_addresses(s)
+
+
+# Unknown keys already reported by this process: settings may be built more than once (the
+# operator validates every reconcile), and one warning per key is enough to spot a typo.
+_warned_unknown: set[str] = set()
+
+
+def _unknown(key: str, source: str) -> None:
+    if key not in _warned_unknown:
+        _warned_unknown.add(key)
+        log.warning("%s: unknown key %r ignored", source, key)
 
 
 def build_settings(
@@ -223,7 +295,11 @@ def build_settings(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> BrokerSettings:
-    """broker.conf text <- environment <- explicit overrides, validated."""
+    """broker.conf text <- environment <- explicit overrides, validated.
+
+    Unknown keys (from any of the three) are logged once per process and ignored, as RocketMQ
+    ignores unknown properties; an invalid value of a known key raises :class:`ConfigError`.
+    """
     env = os.environ if env is None else env
     raw: dict[str, str] = {}
     if conf_text:
@@ -231,17 +307,21 @@ def build_settings(
             if key in _FIELDS:
                 raw[key] = value
             else:
-                log.warning("broker.conf: unknown key %r ignored", key)
+                _unknown(key, "broker.conf")
     if env.get("NAMESRV_ADDR"):
         raw["namesrvAddr"] = env["NAMESRV_ADDR"]
-    for key in _FIELDS:
-        from_env = env.get(env_name(key))
-        if from_env is not None:
-            raw[key] = from_env
+    for name, value in env.items():
+        if name.startswith(_ENV_PREFIX):
+            env_key = _ENV_KEYS.get(name)
+            if env_key is None:
+                _unknown(name, "environment")
+            else:
+                raw[env_key] = value
     for key, value in (overrides or {}).items():
-        if key not in _FIELDS:
-            raise ConfigError(f"{key}: unknown setting")
-        raw[key] = value
+        if key in _FIELDS:
+            raw[key] = value
+        else:
+            _unknown(key, "--set")
     kwargs = {key: _convert(key, value, _FIELDS[key].type) for key, value in raw.items()}
     settings = BrokerSettings(**kwargs)
     _validate(settings)

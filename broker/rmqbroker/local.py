@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from rmqbroker.managed_keys import managed_keys_in
+
 STATE_FILE = "state.json"
 
 
@@ -77,6 +79,11 @@ def load_manifest(path: Path) -> GroupSpec:
     extra = spec.get("brokerConfig") or {}
     if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
         raise ManifestError("spec.brokerConfig must map keys to strings")
+    # Refused rather than overridden: rmq-local assigns these per broker, and one brokerConfig
+    # value applied to every broker would clash (two masters, one port, one store directory).
+    managed = managed_keys_in(str(k) for k in extra)
+    if managed:
+        raise ManifestError(f"spec.brokerConfig may not set keys rmq-local manages: {', '.join(managed)}")
     return GroupSpec(
         name=str(meta["name"]),
         cluster_name=str(spec.get("clusterName", "DefaultCluster")),
@@ -101,12 +108,17 @@ def _port_free(port: int) -> bool:
 def render_conf(spec: GroupSpec, broker_id: int, data_dir: Path, ports: dict[str, int], namesrv: str,
                 master_ha: str, token_file: Path) -> str:
     role = spec.master_role if broker_id == 0 else "SLAVE"
+    # Defaults brokerConfig may change; the managed keys below are applied after it.
     conf: dict[str, str] = {
+        "flushDiskType": spec.flush_disk_type,
+        "mappedFileSizeCommitLog": str(64 * 1024 * 1024),
+    }
+    conf.update(spec.broker_config)
+    conf |= {
         "brokerClusterName": spec.cluster_name,
         "brokerName": spec.broker_name,
         "brokerId": str(broker_id),
         "brokerRole": role,
-        "flushDiskType": spec.flush_disk_type,
         "namesrvAddr": namesrv,
         "brokerIP1": "127.0.0.1",
         "listenHost": "127.0.0.1",
@@ -115,11 +127,9 @@ def render_conf(spec: GroupSpec, broker_id: int, data_dir: Path, ports: dict[str
         "adminListenPort": str(ports["admin"]),
         "adminTokenFile": str(token_file),
         "storePathRootDir": str(data_dir / f"broker-{broker_id}" / "store"),
-        "mappedFileSizeCommitLog": str(64 * 1024 * 1024),
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha
-    conf.update(spec.broker_config)
     return "".join(f"{k}={v}\n" for k, v in conf.items())
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in
+
 log = logging.getLogger(__name__)
 
 GROUP = "rmq.brokergroup.dev"
@@ -31,12 +33,9 @@ RESTART_ANNOTATION = f"{GROUP}/restart-at"
 DEFAULT_IMAGE = os.environ.get("RMQ_OPERATOR_DEFAULT_IMAGE", "rmq-brokergroup:0.1.0")
 
 # broker.conf keys the operator renders itself: letting brokerConfig override them would break
-# role assignment, addressing or the admin channel the operator depends on.
-RESERVED_KEYS = frozenset({
-    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress",
-    "brokerIP1", "brokerIP2", "listenHost", "listenPort", "haListenPort", "adminListenPort", "adminToken",
-    "adminTokenFile", "storePathRootDir", "storePathCommitLog",
-})
+# role assignment, addressing or the admin channel the operator depends on. rmq-local refuses the
+# same keys, so the list lives in the broker package (which must not import the operator).
+RESERVED_KEYS = MANAGED_KEYS
 
 BROKER_NAME_RE = re.compile(r"^[a-zA-Z0-9_%|-]+$")
 # StatefulSet pods get a controller-revision-hash label "<sts>-<10 chars>" (63 max) and the
@@ -214,7 +213,7 @@ def problems(spec: GroupSpec) -> list[str]:
     ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]
     if len(set(ports)) != len(ports):
         out.append("spec.ports: listen, ha and admin must differ")
-    reserved = sorted(k for k in spec.broker_config if k in RESERVED_KEYS)
+    reserved = managed_keys_in(spec.broker_config)
     if reserved:
         out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
     if not reserved:

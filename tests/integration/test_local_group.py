@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from rmqbroker.managed_keys import MANAGED_KEYS
+from rmqbroker.remoting.codes import ResponseCode
+from tests.integration.helpers import poll, send_raw
 from tests.support.procs import free_port_block
 
 
@@ -46,34 +57,155 @@ def test_local_group_rejects_bad_manifest(tmp_path: Path) -> None:
     assert out.returncode == 2 and "replicas" in out.stderr
 
 
-def test_local_group_stops_every_process_on_sigterm(tmp_path: Path) -> None:
-    import signal
-    import time
+def test_local_group_refuses_managed_broker_config_keys(tmp_path: Path) -> None:
+    from rmqoperator.spec import RESERVED_KEYS
 
+    assert RESERVED_KEYS is MANAGED_KEYS  # the operator and rmq-local refuse the same keys
     manifest = tmp_path / "bg.yaml"
-    manifest.write_text("kind: BrokerGroup\nmetadata: {name: local-b}\nspec: {replicas: 2, replication: ASYNC}\n")
+    manifest.write_text(
+        "kind: BrokerGroup\nmetadata: {name: x}\nspec:\n  brokerConfig:\n"
+        "    defaultTopicQueueNums: '2'\n    listenPort: '20000'\n    brokerRole: SYNC_MASTER\n"
+        "    storePathRootDir: /tmp/shared\n")
+    data = tmp_path / "d"
+    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
+                          "--data-dir", str(data)], capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert "may not set keys rmq-local manages: brokerRole, listenPort, storePathRootDir" in out.stderr
+    assert "defaultTopicQueueNums" not in out.stderr
+    assert not data.exists()  # refused before anything was created or started
+
+
+@dataclass
+class Row:
+    id: int
+    role: str
+    max_offset: str
+    lag: str
+    ha: str
+    state: str
+
+
+def status_rows(data_dir: Path) -> list[Row]:
+    """`rmq-local status`, parsed (the HA column may hold several words, e.g. "1/1 in sync")."""
+    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "status", "--data-dir", str(data_dir)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "ROLE", "ADDRESS"], out.stdout
+    rows = []
+    for line in lines[1:]:
+        t = line.split()
+        rows.append(Row(int(t[0]), t[1], t[4], t[5], " ".join(t[6:-1]), t[-1]))
+    return rows
+
+
+@dataclass
+class Group:
+    proc: subprocess.Popen[str]
+    data_dir: Path
+    base: int
+
+    @property
+    def state(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads((self.data_dir / "state.json").read_text())
+        return result
+
+    def admin_status(self, broker_id: int) -> dict[str, Any]:
+        token = (self.data_dir / "admin-token").read_text().strip()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.base + 10 * broker_id + 5}/status",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            result: dict[str, Any] = json.loads(r.read())
+            return result
+
+
+@contextlib.contextmanager
+def running_group(tmp_path: Path, manifest_text: str) -> Iterator[Group]:
+    """`rmq-local up` in the background until the block ends (then killed if still running)."""
+    manifest = tmp_path / "bg.yaml"
+    manifest.write_text(manifest_text)
     base = free_port_block(30)
+    data_dir = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(manifest),
-                             "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
+                             "--data-dir", str(data_dir), "--base-port", str(base),
                              "--namesrv-port", str(base + 29)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        state = tmp_path / "data" / "state.json"
         deadline = time.monotonic() + 60
-        while not state.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert state.exists(), "group did not come up"
-        import json
+        while not (data_dir / "state.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (data_dir / "state.json").exists(), "group did not come up"
+        yield Group(proc, data_dir, base)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
-        pids = [b["pid"] for b in json.loads(state.read_text())["brokers"]]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+
+def test_local_group_direct_status_flush_type_and_sigterm(tmp_path: Path) -> None:
+    """One running group (Direct discovery) for: `rmq-local status` (roles, HA link, offsets),
+    the manifest's flushDiskType reaching the brokers, and an orderly stop on SIGTERM."""
+    # A flush interval nobody waits for: the commitlog is flushed on a send only under SYNC_FLUSH.
+    text = ("kind: BrokerGroup\nmetadata: {name: local-b}\n"
+            "spec:\n  replicas: 2\n  replication: ASYNC\n  masterDiscovery: Direct\n"
+            "  flushDiskType: SYNC_FLUSH\n  brokerConfig: {flushIntervalCommitLog: '600000'}\n")
+    with running_group(tmp_path, text) as g:
+        for i in (0, 1):
+            conf = (g.data_dir / f"broker-{i}.conf").read_text()
+            assert "flushDiskType=SYNC_FLUSH" in conf
+        assert "haMasterAddress=127.0.0.1:" in (g.data_dir / "broker-1.conf").read_text()
+
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[1].ha == "connected" and rows[0].ha == "1/1 in sync" else None
+
+        rows = poll(linked, 30, 0.2, what="slave connected to the master")
+        assert [(r.id, r.role, r.state) for r in rows] == [(0, "ASYNC_MASTER", "UP"), (1, "SLAVE", "UP")]
+        assert rows[0].lag == "-"
+
+        resp = send_raw(f"127.0.0.1:{g.base}", "LocalTopic", b"x" * 100)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        master = g.admin_status(0)
+        assert master["maxPhyOffset"] > 0
+        assert master["flushedPhyOffset"] == master["maxPhyOffset"]  # flushed before the answer: SYNC_FLUSH
+
+        def caught_up() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[1].max_offset == rows[0].max_offset and rows[1].lag == "0" else None
+
+        rows = poll(caught_up, 30, 0.2, what="slave caught up in `rmq-local status`")
+        assert int(rows[0].max_offset) == master["maxPhyOffset"]
+
+        pids = [b["pid"] for b in g.state["brokers"]]
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.proc.wait(60) == 0
         for pid in pids:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 continue
             raise AssertionError(f"broker {pid} still running after rmq-local stopped")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+
+def test_local_group_nameserver_discovery_slaves_connect(tmp_path: Path) -> None:
+    """Without haMasterAddress the slaves learn the master's HA address from the nameserver."""
+    text = ("kind: BrokerGroup\nmetadata: {name: local-c}\n"
+            "spec: {replicas: 3, replication: SYNC, masterDiscovery: NameServer}\n")
+    with running_group(tmp_path, text) as g:
+        for i in (1, 2):
+            assert "haMasterAddress" not in (g.data_dir / f"broker-{i}.conf").read_text()
+
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if all(r.ha == "connected" for r in rows[1:]) and rows[0].ha == "2/2 in sync" else None
+
+        rows = poll(linked, 30, 0.2, what="slaves connected to the master")
+        assert [r.role for r in rows] == ["SYNC_MASTER", "SLAVE", "SLAVE"]
+        for i in (1, 2):
+            assert g.admin_status(i)["ha"]["masterAddress"] == f"127.0.0.1:{g.base + 1}"
+        # A SYNC_MASTER answers SUCCESS only once a slave acknowledged the message.
+        resp = send_raw(f"127.0.0.1:{g.base}", "LocalTopic", b"y" * 100)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark

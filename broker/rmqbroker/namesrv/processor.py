@@ -99,6 +99,10 @@ class NamesrvProcessor:
 
     def __init__(self, routes: RouteInfoManager) -> None:
         self.routes = routes
+        # Connections whose close already drops their brokers: a broker re-registers on the same
+        # connection every registerNameServerPeriod, and one callback per registration would grow
+        # the connection's callback list for as long as it lives.
+        self._watched: set[int] = set()
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.REGISTER_BROKER, self.register_broker)
@@ -130,13 +134,19 @@ class NamesrvProcessor:
             topics=topics if body else None,
             connection_id=conn.id,
         )
-        conn.on_close(lambda c: self.routes.on_connection_closed(c.id))
+        if conn.id not in self._watched:
+            self._watched.add(conn.id)
+            conn.on_close(self._connection_closed)
         ext: dict[str, str] = {}
         if result.ha_server_addr is not None:
             ext[wire.HA_SERVER_ADDR] = result.ha_server_addr
         if result.master_addr is not None:
             ext[wire.MASTER_ADDR] = result.master_addr
         return cmd.make_response(ResponseCode.SUCCESS, ext_fields=ext)
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self._watched.discard(conn.id)
+        self.routes.on_connection_closed(conn.id)
 
     async def unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
