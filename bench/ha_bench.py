@@ -378,6 +378,9 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
     if result.errors_window:
         print(f"[syncasync] errors in window: {result.error_kinds}", flush=True)
     lat = sorted(array("q", result.latencies_ns))
+    if lat:
+        print(f"[syncasync]   latency ms p50 {lat[len(lat) // 2] / 1e6:.3f} p90 {lat[len(lat) * 9 // 10] / 1e6:.3f} "
+              f"p99 {lat[len(lat) * 99 // 100] / 1e6:.3f} mean {sum(lat) / len(lat) / 1e6:.3f}", flush=True)
     return int(result.acked_window), (lat[len(lat) // 2] / 1e6 if lat else float("nan")), cpu
 
 

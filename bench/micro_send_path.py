@@ -193,9 +193,10 @@ async def amain(args: argparse.Namespace) -> int:
         row("MessageStore.put_message (append + durability await, driven)",
             lambda: drive(broker.store.put_message(msg)))
         row("SendMessageProcessor.send, whole (driven w/o event loop)", lambda: drive(proc.send(conn, cmd)))
-        if hasattr(proc, "_check"):
-            row("  SendMessageProcessor._check (topic validation, lookup)",
-                lambda: proc._check("BenchTopic", 3, "TBW102", 4, 0, "127.0.0.1:40000"))
+        row("  SendMessageProcessor._check_sendable (role, permission, topic name)",
+            lambda: proc._check_sendable("BenchTopic"))
+        row("  SendMessageProcessor._topic_config (lookup, queue id)",
+            lambda: proc._topic_config("BenchTopic", 3, "TBW102", 4, "127.0.0.1:40000"))
         put = broker.store.append_message(msg)
         if hasattr(proc, "_response"):
             row("  SendMessageProcessor._response (ext dict + make_response)",
