@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in
@@ -213,14 +213,43 @@ def problems(spec: GroupSpec) -> list[str]:
     ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]
     if len(set(ports)) != len(ports):
         out.append("spec.ports: listen, ha and admin must differ")
+    name_server = _name_server_problems(spec)
+    out.extend(name_server)
     reserved = managed_keys_in(spec.broker_config)
     if reserved:
         out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
     if not reserved:
-        out.extend(_broker_config_problems(spec))
+        # Bad nameserver addresses are reported above against their own field: judge brokerConfig
+        # with managed nameservers so that namesrvAddr is not blamed on it a second time.
+        out.extend(_broker_config_problems(replace(spec, name_server=NameServerSpec()) if name_server else spec))
     from rmqoperator.verification import problems as verification_problems
 
     out.extend(verification_problems(spec))
+    return out
+
+
+def _name_server_problems(spec: GroupSpec) -> list[str]:
+    """Each external nameserver address judged by the broker's own namesrvAddr parser.
+
+    The CRD pattern refuses most bad addresses; this catches what a regex cannot express (label
+    and name lengths) and objects the API server never validated (the emulator, older CRDs).
+    """
+    if spec.name_server.managed:
+        return []
+    from rmqbroker.config import ConfigError, build_settings
+
+    out: list[str] = []
+    for i, addr in enumerate(spec.name_server.addresses):
+        where = f"spec.nameServer.addresses[{i}]"
+        if not addr.strip() or ";" in addr:
+            # The broker tolerates empty entries and splits on ";": one item must be one address.
+            out.append(f"{where}: {addr!r} is not one host:port")
+            continue
+        try:
+            build_settings(env={}, overrides={"brokerName": "probe", "namesrvAddr": addr})
+        except ConfigError as exc:
+            reason = str(exc).removeprefix("namesrvAddr: ").removesuffix(" (expected host:port;host:port)")
+            out.append(f"{where}: {reason}")
     return out
 
 

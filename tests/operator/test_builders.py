@@ -168,6 +168,31 @@ def test_semantic_problems_are_found(fields: dict[str, Any], message: str) -> No
     assert found and message in "; ".join(found)
 
 
+LONG_LABEL = "n" * 64  # one label over RFC 1123's 63: the CRD pattern lets it through, the broker does not
+
+
+@pytest.mark.parametrize(("addresses", "message"), [
+    (["10.0.0.1:9876", "999.1.1.1:9876"],
+     "spec.nameServer.addresses[1]: '999.1.1.1:9876': '999.1.1.1' is not a valid IPv4 address"),
+    (["ns.example.com:0"], "spec.nameServer.addresses[0]: 'ns.example.com:0': '0' is not a TCP port"),
+    (["ns.example.com"], "spec.nameServer.addresses[0]: 'ns.example.com' is not host:port"),
+    ([f"ns.{LONG_LABEL}:9876"], f"spec.nameServer.addresses[0]: 'ns.{LONG_LABEL}:9876': "),
+    (["ns-a:9876", ""], "spec.nameServer.addresses[1]: '' is not one host:port"),
+    (["ns-a:9876;ns-b:9876"], "spec.nameServer.addresses[0]: 'ns-a:9876;ns-b:9876' is not one host:port"),
+])
+def test_bad_name_server_addresses_are_reported_against_their_field(addresses: list[str], message: str) -> None:
+    found = problems(spec_of(nameServer={"addresses": addresses}))
+    assert len(found) == 1 and found[0].startswith(message), found
+    assert "brokerConfig" not in found[0] and "namesrvAddr" not in found[0]
+
+
+def test_bad_name_server_address_does_not_hide_or_blame_broker_config() -> None:
+    found = problems(spec_of(nameServer={"addresses": ["999.1.1.1:9876"]},
+                             brokerConfig={"defaultTopicQueueNums": "many"}))
+    assert [f.split(":")[0] for f in found] == ["spec.nameServer.addresses[0]", "spec.brokerConfig"], found
+    assert "namesrvAddr" not in found[1] and "defaultTopicQueueNums" in found[1]
+
+
 def test_dotted_name_needs_a_broker_name() -> None:
     doc = example()
     doc["metadata"]["name"] = "broker.a"

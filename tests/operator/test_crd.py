@@ -93,8 +93,50 @@ def test_schema_defaults_match_operator_defaults() -> None:
     assert parse_spec(bare) == GroupSpec(name="g", namespace="ns", uid="u", broker_name="g")
 
 
+# Nameserver addresses the broker's namesrvAddr parser refuses and the CRD pattern must refuse too.
+BAD_ADDRESSES = ["999.1.1.1:9876", "256.0.0.1:9876", "10.0.0:9876", "1.2.3.4.5:9876", "010.0.0.1:9876",
+                 "ns.1:9876", "12345:9876", "ns:0", "ns:65536", "ns:99999", "ns:", ":9876", "-ns:9876",
+                 "ns-:9876", "ns..example:9876", ".ns:9876", "ns_1:9876", "ns example:9876", "[::1]:9876",
+                 f"{'n' * 64}:9876"]
+
+
+def address_schema_accepts(address: str) -> bool:
+    return VALIDATOR.is_valid(example(nameServer={"addresses": [address]}))
+
+
+def test_bad_addresses_are_refused_by_the_broker_too() -> None:
+    """BAD_ADDRESSES really are what the broker refuses (so the pattern is no stricter than needed there)."""
+    from rmqbroker.config import ConfigError, build_settings
+
+    for address in BAD_ADDRESSES:
+        with pytest.raises(ConfigError, match=r"^namesrvAddr: "):
+            build_settings(env={}, overrides={"brokerName": "b", "namesrvAddr": address})
+
+
+def test_address_pattern_never_accepts_what_the_broker_refuses() -> None:
+    """Whatever the pattern lets through the operator accepts, except what a regex cannot express
+    (label and name lengths): the operator's own check reports those against the list item."""
+    from rmqoperator.spec import problems
+
+    hosts = ["a", "ns", "ns-1", "1a", "a1", "1-1", "1a1", "x.y", "x.1", "1.x", "a.b.c.d", "10.0.0.1", "1.2.3",
+             "0.0.0.0", "255.255.255.255", "256.1.1.1", "01.1.1.1", "ns.", "1.2.3.4.", "-a", "a-", "a..b",
+             "n" * 63, f"x.{'n' * 63}", f"x.{'1' + 'n' * 63}", f"{'1' + 'n' * 62 + '1'}", ".".join(["n" * 63] * 4)]
+    ports = ["1", "80", "9876", "65535", "65536", "0", "080"]
+    for address in (f"{h}:{p}" for h in hosts for p in ports):
+        if not address_schema_accepts(address):
+            continue
+        spec = parse_spec(apply_defaults(SCHEMA, example(nameServer={"addresses": ["10.0.0.1:9876", address]})))
+        found = problems(spec)
+        host = address.rpartition(":")[0].rstrip(".")
+        beyond_regex = len(host) > 253 or any(len(label) > 63 for label in host.split("."))
+        assert all(f.startswith("spec.nameServer.addresses[1]: ") for f in found), (address, found)
+        assert bool(found) == beyond_regex, (address, found)
+
+
 @pytest.mark.parametrize("spec", [
     {"nameServer": {"addresses": ["10.0.0.1:9876", "ns.example.com:9876"]}},
+    {"nameServer": {"addresses": ["0.0.0.0:1", "255.255.255.255:65535", "ns.example.com.:9876", "n1:80",
+                                  "1a1.x-1:9876", "ns-0.ns-headless.prod.svc.cluster.local:9876"]}},
     {"replicas": 5, "replication": "ASYNC", "masterDiscovery": "NameServer"},
     {"resources": {"requests": {"cpu": "500m", "memory": 1073741824}, "limits": {"memory": "2Gi"}}},
     {"storage": {"size": "1.5Ti", "storageClassName": "fast"}},
@@ -119,6 +161,7 @@ def test_valid_variants(spec: dict[str, Any]) -> None:
     ({"nameServer": {"managed": {}, "addresses": ["a:1"]}}, "nameServer"),
     ({"nameServer": {"addresses": []}}, "addresses"),
     ({"nameServer": {"addresses": ["no-port"]}}, "addresses"),
+    *[({"nameServer": {"addresses": ["10.0.0.1:9876", bad]}}, "addresses") for bad in BAD_ADDRESSES],
     ({"nameServer": {"managed": {"replicas": 9}}}, "replicas"),
     ({"brokerConfig": {"defaultTopicQueueNums": 4}}, "brokerConfig"),
     ({"failover": {"masterLostSeconds": 0}}, "masterLostSeconds"),

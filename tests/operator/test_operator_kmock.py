@@ -164,6 +164,18 @@ def test_invalid_from_the_start_creates_nothing(harness: OperatorHarness) -> Non
     assert h.client.items("apps/v1", "statefulsets") == [] and h.client.items("v1", "configmaps") == []
 
 
+def test_bad_name_server_address_is_reported_against_its_field(harness: OperatorHarness) -> None:
+    h = harness  # the emulator applies no schema: the operator's own check must name the field
+    h.client.apply_group(example(nameServer={"addresses": ["10.0.0.1:9876", "999.1.1.1:9876"]}))
+    cond = wait_for(lambda: condition(h.client.group(NAME), "Ready").get("reason") == "InvalidSpec"
+                    and condition(h.client.group(NAME), "Ready"), 10, "InvalidSpec")
+    assert cond["message"].startswith("spec.nameServer.addresses[1]: '999.1.1.1:9876'"), cond
+    assert "brokerConfig" not in cond["message"] and "namesrvAddr" not in cond["message"]
+    g = h.client.group(NAME)
+    assert g is not None and cond.get("observedGeneration") == g["metadata"]["generation"]
+    assert h.client.items("apps/v1", "statefulsets") == [] and h.client.items("v1", "configmaps") == []
+
+
 def test_pause_annotation_and_scaling(harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     h = harness
     h.client.apply_group(example(replicas=2))
