@@ -115,6 +115,43 @@ def wait_caught_up(master: BrokerProc, slaves: list[BrokerProc], timeout: float 
     return int(target)
 
 
+class StreamProducer:
+    """A C++ producer (clients/stream_producer.py) sending ``count`` messages for at most ``seconds``.
+
+    Its per-send JSON lines go to a file, not a pipe: a pipe nobody reads until the end fills after
+    ~64 KiB and blocks the producer, so a "mid-stream" event would really happen while it waits.
+    """
+
+    def __init__(self, namesrv: str, topic: str, prefix: str, out: Path, *, count: int = 1_000_000,
+                 size: int = 256, seconds: float = 60.0) -> None:
+        self.out = out
+        with open(out, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [PY, str(CLIENTS / "stream_producer.py"), "--namesrv", namesrv, "--topic", topic,
+                 "--count", str(count), "--prefix", prefix, "--size", str(size), "--seconds", str(seconds)],
+                stdout=fh, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def sent(self) -> int:
+        """Sends completed so far (acknowledged or failed)."""
+        return self.out.read_bytes().count(b"\n")
+
+    def results(self, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Every send's outcome, once the producer has finished."""
+        self.proc.wait(timeout)
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
+
+
+def assert_sending(producers: list[StreamProducer], within: float = 1.0) -> None:
+    """Every producer is still running and, together, they completed sends in the last moment."""
+    assert all(p.running for p in producers), "a producer finished before the event under test"
+    before = sum(p.sent() for p in producers)
+    poll(lambda: sum(p.sent() for p in producers) > before, within, what="producers still sending")
+
+
 def query_consumer_offset(broker: str, group: str, topic: str, queue_id: int) -> int | None:
     resp = rpc(broker, RequestCode.QUERY_CONSUMER_OFFSET,
                {"consumerGroup": group, "topic": topic, "queueId": str(queue_id)})

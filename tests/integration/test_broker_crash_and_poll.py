@@ -13,8 +13,7 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.message_store import MessageStore
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic_and_wait, pull_all, rpc, send_raw
-from tests.integration.test_replication import start_stream, stream_results
+from tests.integration.helpers import StreamProducer, assert_sending, create_topic_and_wait, pull_all, rpc, send_raw
 from tests.unit.store.consistency import assert_store_consistent
 
 SEG = 1024 * 1024  # small segments: the stream crosses several before the kill
@@ -39,10 +38,12 @@ def test_kill9_broker_mid_stream_keeps_every_acknowledged_message(cluster: Clust
     broker = cluster.broker(ns.addr, name="broker-crash", mappedFileSizeCommitLog=SEG,
                             mappedFileSizeConsumeQueue=CQ_FILE, maxMessageSize=64 * 1024)
     create_topic_and_wait(broker.addr, ns.addr, "CrashTopic", queues=4)
-    producers = [start_stream(ns.addr, "CrashTopic", 100000, f"c{i}", size=512, seconds=8) for i in range(3)]
+    producers = [StreamProducer(ns.addr, "CrashTopic", f"c{i}", cluster.workdir / f"crash-c{i}.jsonl", count=100000,
+                                size=512, seconds=8) for i in range(3)]
     time.sleep(3)
+    assert_sending(producers)
     broker.kill9()
-    results = [r for p in producers for r in stream_results(p)]
+    results = [r for p in producers for r in p.results()]
     acked = {r["key"] for r in results if r.get("status") == 0}
     assert len(acked) > 200, f"only {len(acked)} sends acknowledged before the kill"
     # Killed mid-stream: sends after the kill failed, and the store was not shut down cleanly.

@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.store.errors import CorruptRecordError
 from rmqbroker.store.record import check_record, decode_record
 from tests.conftest import Cluster
-from tests.integration.helpers import CLIENTS, PY, create_topic_and_wait, poll, rpc
+from tests.integration.helpers import StreamProducer, assert_sending, create_topic_and_wait, poll, rpc
 from tests.support.procs import BrokerProc
 
 SEG = 2 * 1024 * 1024  # small commitlog segments so streams cross segment boundaries
@@ -81,20 +80,6 @@ def send_raw(broker: str, topic: str, body: bytes, timeout: float = 10.0, sys_fl
         "properties": "WAIT\x01true\x02KEYS\x01raw\x02"}, body, timeout=timeout)
 
 
-def start_stream(ns: str, topic: str, count: int, prefix: str, size: int = 256, seconds: float = 60.0,
-                 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([PY, str(CLIENTS / "stream_producer.py"), "--namesrv", ns, "--topic", topic,
-                             "--count", str(count), "--prefix", prefix, "--size", str(size),
-                             "--seconds", str(seconds)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def stream_results(proc: subprocess.Popen[bytes], timeout: float = 120.0) -> list[dict[str, Any]]:
-    out, _ = proc.communicate(timeout=timeout)
-    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-
-
 def group(cluster: Cluster, ns: str | None, replicas: int, role: str = "ASYNC_MASTER", direct: bool = True,
           **conf: Any) -> list[BrokerProc]:
     conf.setdefault("maxMessageSize", 1024 * 1024)
@@ -130,15 +115,17 @@ def test_two_slaves_replicate_byte_identical_and_late_slave_catches_up(cluster: 
     ns = cluster.namesrv()
     master, s1 = group(cluster, ns.addr, 2)
     create_topic_and_wait(master.addr, ns.addr, "RepTopic")
-    producers = [start_stream(ns.addr, "RepTopic", 1500, f"p{i}", size=700) for i in range(2)]
-    # restart the slave mid-stream: it resumes where it was
+    producers = [StreamProducer(ns.addr, "RepTopic", f"p{i}", cluster.workdir / f"rep-p{i}.jsonl", count=1500,
+                                size=700) for i in range(2)]
+    # A slave restarted while the producers send resumes where it was (test_replication_resume.py
+    # checks the offset it resumes from).
     time.sleep(2)
     s1.stop()
     offset_before = commitlog_bytes(s1.store_dir, 1 << 40)
     s1.start()
     late = cluster.broker(ns.addr, name="broker-r", broker_id=2, role="SLAVE", mappedFileSizeCommitLog=SEG,
                           maxMessageSize=1024 * 1024, haMasterAddress=f"127.0.0.1:{master.port + 1}")
-    results = [r for p in producers for r in stream_results(p)]
+    results = [r for p in producers for r in p.results()]
     ok = [r for r in results if r.get("status") == 0]
     assert len(ok) == 3000, [r for r in results if r.get("status") != 0][:5]
     assert master.status()["maxPhyOffset"] > SEG  # the stream crossed a segment boundary
@@ -192,10 +179,12 @@ def test_sync_master_kill9_loses_no_acknowledged_message(cluster: Cluster) -> No
     master, s1, s2 = group(cluster, ns.addr, 3, role="SYNC_MASTER")
     create_topic_and_wait(master.addr, ns.addr, "SyncKill")
     poll(lambda: len(master.status()["ha"]["slaves"]) == 2, 20, what="both slaves connected")
-    producers = [start_stream(ns.addr, "SyncKill", 100000, f"k{i}", seconds=10) for i in range(4)]
+    producers = [StreamProducer(ns.addr, "SyncKill", f"k{i}", cluster.workdir / f"kill-k{i}.jsonl", count=100000,
+                                seconds=10) for i in range(4)]
     time.sleep(4)
+    assert_sending(producers)
     master.kill9()
-    results = [r for p in producers for r in stream_results(p)]
+    results = [r for p in producers for r in p.results()]
     acked = {r["key"] for r in results if r.get("status") == 0}
     assert len(acked) > 50
     for s in (s1, s2):

@@ -24,9 +24,8 @@ from tests.integration.helpers import (
     send_raw,
     wait_caught_up,
 )
+from tests.integration.test_replication import SEG, commitlog_bytes
 from tests.support.procs import BrokerProc
-
-SEG = 2 * 1024 * 1024  # small commitlog segments, as in test_replication.py
 
 
 def group(cluster: Cluster, ns: str | None, replicas: int, direct: bool = True, **conf: Any) -> list[BrokerProc]:
@@ -46,18 +45,6 @@ def group(cluster: Cluster, ns: str | None, replicas: int, direct: bool = True, 
 
 def ha_addr(broker: BrokerProc) -> str:
     return f"127.0.0.1:{broker.port + 1}"
-
-
-def commitlog_bytes(store: Path, end: int) -> bytes:
-    """The commitlog [0, end) read from the segment files."""
-    out = bytearray()
-    for f in sorted((store / "commitlog").iterdir()):
-        start = int(f.name)
-        if start >= end:
-            break
-        with open(f, "rb") as fh:
-            out += fh.read(min(SEG, end - start))
-    return bytes(out)
 
 
 def assert_commitlogs_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:

@@ -1,0 +1,178 @@
+"""Replication with real processes: a configured haListenPort, and epochs across restarts and masters.
+
+- A non-default ``haListenPort`` (not listenPort+1) is where the master serves HA, where a
+  Direct slave connects, and what the nameserver hands a slave to follow (haServerAddr).
+- An epoch taken by a promotion survives a restart (``config/epoch.json``) and older epochs are
+  refused; a slave never streams from a master of an older epoch than its own, and follows the
+  same master once it is at a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from tests.conftest import Cluster
+from tests.integration.helpers import poll, send_raw, wait_caught_up
+from tests.integration.test_replication import commitlog_bytes
+from tests.support.procs import BrokerProc, free_port
+
+
+def post(broker: BrokerProc, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    code, raw = broker.admin(path, "POST", json.dumps(body).encode())
+    try:
+        obj: dict[str, Any] = json.loads(raw)
+    except ValueError:
+        obj = {"raw": raw.decode(errors="replace")}
+    return code, obj
+
+
+def separate_ha_port(broker_port: int) -> int:
+    """A free port that is not ``broker_port + 1`` (the default HA port)."""
+    while (port := free_port()) in (broker_port, broker_port + 1):
+        pass
+    return port
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def assert_same_log(master: BrokerProc, slave: BrokerProc) -> int:
+    end = wait_caught_up(master, [slave], timeout=15)
+    assert end > 0
+    assert commitlog_bytes(slave.store_dir, end) == commitlog_bytes(master.store_dir, end)
+    return end
+
+
+def send_some(broker: BrokerProc, topic: str, n: int, tag: str) -> None:
+    for i in range(n):
+        resp = send_raw(broker.addr, topic, f"{tag}-{i}".encode() * 20)
+        assert resp.code == 0, resp.remark
+
+
+# ---------------------------------------------------------------- haListenPort
+def test_configured_ha_listen_port_direct(cluster: Cluster) -> None:
+    master = cluster.broker(None, name="broker-p", start=False)
+    ha_port = separate_ha_port(master.port)
+    master.conf["haListenPort"] = ha_port
+    master.write_conf()
+    master.start()
+    st = master.status()
+    assert st["ha"]["listenPort"] == ha_port and st["haServerAddr"] == f"127.0.0.1:{ha_port}"
+    assert port_open(ha_port) and not port_open(master.port + 1)  # listenPort+1 is not used
+    slave = cluster.broker(None, name="broker-p", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{ha_port}")
+    send_some(master, "PortTopic", 50, "direct")
+    assert_same_log(master, slave)
+    sst = slave.status()
+    assert sst["ha"]["masterAddress"] == f"127.0.0.1:{ha_port}" and sst["ha"]["connected"] is True
+    assert len(master.status()["ha"]["slaves"]) == 1
+
+
+def test_configured_ha_listen_port_learned_from_nameserver(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-q", start=False)
+    ha_port = separate_ha_port(master.port)
+    master.conf["haListenPort"] = ha_port
+    master.write_conf()
+    master.start()
+    # No haMasterAddress: the slave follows the HA address the nameserver returns on registration.
+    slave = cluster.broker(ns.addr, name="broker-q", broker_id=1, role="SLAVE")
+    assert "haMasterAddress" not in slave.conf
+    poll(lambda: slave.status()["ha"]["masterAddress"] == f"127.0.0.1:{ha_port}", 15,
+         what="slave learned the configured HA port from the nameserver")
+    send_some(master, "PortNsTopic", 50, "ns")
+    assert_same_log(master, slave)
+    assert slave.status()["ha"]["connected"] is True
+    assert slave.status()["metadataSync"]["masterAddress"] == master.addr
+
+
+# ---------------------------------------------------------------- epochs
+def test_promotion_epoch_persists_across_restart_and_older_epochs_are_refused(cluster: Cluster) -> None:
+    b = cluster.broker(None, name="broker-e", broker_id=1, role="SLAVE")
+    assert b.status()["epoch"] == 0
+    code, body = post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 2})
+    assert code == 200, body
+    assert body["epoch"] == 2
+    send_some(b, "EpochTopic", 10, "e2")
+    st = b.status()
+    assert (st["role"], st["brokerId"], st["epoch"]) == ("ASYNC_MASTER", 0, 2)
+    end = st["maxPhyOffset"]
+    saved = json.loads((b.store_dir / "config" / "epoch.json").read_text())
+    assert saved["epoch"] == 2 and saved["ownEpoch"] == 2
+    assert saved["history"] == [{"epoch": 2, "startOffset": 0}]
+    # Restarted as the master it now is (as the operator rewrites its configuration).
+    b.stop()
+    b.conf.update(brokerRole="ASYNC_MASTER", brokerId=0)
+    b.write_conf()
+    b.start()
+    st = b.status()
+    assert (st["role"], st["epoch"], st["maxPhyOffset"]) == ("ASYNC_MASTER", 2, end)
+    code, body = post(b, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 1})
+    assert code == 409, body
+    assert "older" in body["error"]
+    code, body = post(b, "/role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1})
+    assert code == 409, body
+    st = b.status()
+    assert (st["role"], st["epoch"]) == ("ASYNC_MASTER", 2)  # nothing changed
+    # The same epoch is still this broker's own term: re-asserting it is allowed ...
+    code, body = post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 2})
+    assert code == 200, body
+    # ... and a restart as SLAVE keeps the epoch too, so it still refuses epoch 1 and masters of it.
+    b.stop()
+    b.conf.update(brokerRole="SLAVE", brokerId=1)
+    b.write_conf()
+    b.start()
+    st = b.status()
+    assert (st["role"], st["epoch"]) == ("SLAVE", 2)
+    code, body = post(b, "/ha/master", {"haAddress": "127.0.0.1:1", "epoch": 1})
+    assert code == 409, body
+    code, body = post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})
+    assert code == 409, body
+    assert b.status()["epoch"] == 2
+
+
+def test_slave_does_not_stream_from_a_master_of_an_older_epoch(cluster: Cluster) -> None:
+    master = cluster.broker(None, name="broker-f")
+    send_some(master, "OldEpochTopic", 30, "old")
+    assert master.status()["epoch"] == 0
+    s = cluster.broker(None, name="broker-f", broker_id=1, role="SLAVE")
+    # The slave belongs to a group that has moved on to epoch 2 (it was demoted at it).
+    code, body = post(s, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 2})
+    assert code == 200, body
+    assert s.status()["epoch"] == 2
+    ha_addr = f"127.0.0.1:{master.port + 1}"
+    # Re-pointing at a master announced with an older epoch is refused outright.
+    code, body = post(s, "/ha/master", {"haAddress": ha_addr, "brokerAddress": master.addr, "epoch": 1})
+    assert code == 409, body
+    assert s.status()["ha"]["masterAddress"] is None
+    # Re-pointed without an epoch: the HA handshake finds the master at epoch 0 and refuses to stream.
+    code, body = post(s, "/ha/master", {"haAddress": ha_addr, "brokerAddress": master.addr})
+    assert code == 200, body
+    poll(lambda: s.status()["ha"]["refusedStreams"] >= 1, 10, what="stream from the older master refused")
+    st = s.status()
+    assert st["maxPhyOffset"] == 0 and st["epoch"] == 2 and st["ha"]["truncatedBytes"] == 0
+    assert "at epoch 0, older than ours (2)" in s.log_text()
+    # The same master, promoted to a newer epoch, is followed on the slave's next attempt.
+    promoted_at = master.status()["maxPhyOffset"]
+    code, body = post(master, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 3})
+    assert code == 200, body
+    send_some(master, "OldEpochTopic", 10, "new")
+    assert_same_log(master, s)
+    st = s.status()
+    assert st["epoch"] == 3 and st["ha"]["connected"] is True and st["ha"]["truncatedBytes"] == 0
+    saved = json.loads((s.store_dir / "config" / "epoch.json").read_text())
+    assert saved["epoch"] == 3 and saved["history"] == [{"epoch": 3, "startOffset": promoted_at}]
+    # Having adopted epoch 3 from its master, the slave may not become a second writer of it.
+    code, body = post(s, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 3})
+    assert code == 409 and "another broker's term" in body["error"], body
+    send_some(master, "OldEpochTopic", 5, "after-refused-promotion")
+    assert_same_log(master, s)
+    st = s.status()
+    assert (st["role"], st["epoch"], st["ha"]["connected"]) == ("SLAVE", 3, True)
