@@ -332,6 +332,8 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
                 else:
                     cpu = (float("nan"), float("nan"))
                     count, p50 = asyncio.run(_closed_loop(master.addr, producers, seconds)), float("nan")
+                lag = master.status()["ha"].get("replicationLagMs")
+                print(f"[syncasync]   append->first slave ack (master, recent window): {lag}", flush=True)
             finally:
                 slave.stop()
                 master.stop()
