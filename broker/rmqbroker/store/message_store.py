@@ -74,6 +74,26 @@ _CHECKPOINT_SAFETY_MS = 3000
 _FLUSH_ERROR_BACKOFF_S = 1.0
 # "Pages" of the least-pages flush thresholds.
 _PAGE_SIZE = 4096
+# Page cache populated ahead of the commitlog's write position (see _page_cache_prefetcher): how
+# far ahead, and how often the position is looked at.
+_PREFETCH_AHEAD = 32 * 1024 * 1024
+_PREFETCH_PERIOD_S = 0.02
+_HAS_FADVISE = hasattr(os, "posix_fadvise")
+# One WILLNEED call populates at most the device's readahead limit (often a few MB): ask in steps.
+_FADVISE_STEP = 2 * 1024 * 1024
+
+
+def _populate(fd: int, pos: int, n: int) -> None:
+    """Worker thread: bring ``[pos, pos + n)`` of a segment into the page cache (holes of the
+    pre-sized file are zero-filled there, without I/O), then close ``fd``, a duplicate."""
+    try:
+        end = pos + n
+        while pos < end:
+            step = min(_FADVISE_STEP, end - pos)
+            os.posix_fadvise(fd, pos, step, os.POSIX_FADV_WILLNEED)
+            pos += step
+    finally:
+        os.close(fd)
 # RocketMQ's accessMessageInMemoryMaxRatio: a pull further behind the log's end than this share of
 # physical memory is suggested to go to a slave.
 _ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO = 40
@@ -336,6 +356,8 @@ class MessageStore:
             asyncio.create_task(self._commitlog_flusher(), name="store-commitlog-flush"),
             asyncio.create_task(self._consume_queue_flusher(), name="store-cq-flush"),
         ]
+        if _HAS_FADVISE:
+            self._tasks.append(asyncio.create_task(self._page_cache_prefetcher(), name="store-prefetch"))
         log.info("message store started at %s: commitlog [%d, %d), %d consume queues, last exit %s",
                  self.config.store_path_root_dir, self.min_phy_offset(), self.max_phy_offset(),
                  sum(len(q) for q in self._cqs.values()), "clean" if self._last_exit_ok else "ABNORMAL")
@@ -938,6 +960,50 @@ class MessageStore:
                 log.exception("consume queue flush failed")
                 continue
             last_flush = loop.time()
+
+    async def _page_cache_prefetcher(self) -> None:
+        """Keep the commitlog's next pages in the page cache ahead of the appends.
+
+        The first write to a page of the mapping faults it in, and the kernel's fault-time
+        readahead then zero-fills a whole window of the sparse segment at once: on the event loop
+        that was a stall of ~18 ms every few MB (a send latency p99 of ~19 ms at saturation).
+        ``posix_fadvise(WILLNEED)`` from a worker thread does that filling off the loop (and
+        without the GIL), so appends only take minor faults on cached pages. Java's broker warms
+        its next mapped file for the same reason.
+        """
+        assert self._stop_event is not None
+        mfq = self.commitlog.mfq
+        current: MappedFile | None = None
+        done = 0  # populated up to here in ``current``
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(_PREFETCH_PERIOD_S):
+                    await self._stop_event.wait()
+            except TimeoutError:
+                pass
+            if self._stopping:
+                break
+            mf = mfq.last_file
+            if mf is None:
+                continue
+            wrote = mf.wrote_position
+            if mf is not current:
+                current, done = mf, wrote - wrote % _PAGE_SIZE
+            target = min(mf.file_size, wrote + _PREFETCH_AHEAD)
+            # In steps of at least a quarter of the window, so that the thread hop is rare.
+            if (target - done < _PREFETCH_AHEAD // 4 and target < mf.file_size) or target <= done:
+                continue
+            try:
+                fd = os.dup(mf.fd)
+            except OSError:
+                continue  # the segment was closed meanwhile (truncation, shutdown)
+            try:
+                await asyncio.to_thread(_populate, fd, done, target - done)
+            except OSError as exc:
+                log.warning("populating commitlog pages ahead of %d failed: %s", mf.file_from_offset + done, exc)
+                await asyncio.sleep(_FLUSH_ERROR_BACKOFF_S)
+                continue
+            done = target
 
     # ================================================================================== reads ===
     def _correct(self, old: int, new: int) -> int:
