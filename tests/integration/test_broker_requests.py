@@ -375,3 +375,24 @@ def test_namesrv_query_data_version_and_unregister(broker: BrokerProc, namesrv: 
             await c.close()
 
     assert asyncio.run(go()) == (0, 0, True)
+
+
+def _groups(broker: BrokerProc) -> dict[str, object]:
+    code, body = broker.admin("/metadata")
+    assert code == 200, body
+    table: dict[str, object] = json.loads(body)["subscriptionGroups"]["subscriptionGroupTable"]
+    return table
+
+
+def test_refused_retry_send_creates_no_subscription_group(broker: BrokerProc) -> None:
+    """A send to ``%RETRY%<group>`` refused for its properties leaves no auto-created group behind,
+    while an accepted one to another new group does create it (autoCreateSubscriptionGroup)."""
+    refused, accepted = _fresh("RefusedGroup"), _fresh("AcceptedGroup")
+    resp = rpc(broker.addr, RequestCode.SEND_MESSAGE,
+               v1(f"%RETRY%{refused}", properties=PROPS + "BIG\x01" + "p" * 33000), body=b"body")
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL and resp.remark, resp
+    ok = rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(f"%RETRY%{accepted}"), body=b"body")
+    assert ok.code == ResponseCode.SUCCESS, ok
+    groups = _groups(broker)
+    assert accepted in groups
+    assert refused not in groups

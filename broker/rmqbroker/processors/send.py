@@ -303,10 +303,12 @@ class SendMessageProcessor:
                 body, sys_flag, entries = self._decode_batch(topic, body, sys_flag, props_raw, props)
             else:
                 self._check_body(body)
+                # Before the retry lookup, which may auto-create the subscription group: going to
+                # the DLQ only drops a property, so what passes here still passes then.
+                self._check_properties(topic, props_raw, props, props_string)
                 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     dlq = self._dlq_if_exhausted(topic, reconsume_times, max_reconsume_times, cmd.version, props)
                     props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
-                self._check_properties(topic, props_raw, props, props_string)
             tc = self._topic_config(topic, queue_id, default_topic, default_queue_nums, conn.remote_addr)
             if queue_id < 0:
                 queue_id = random.randrange(max(tc.write_queue_nums, 1))
