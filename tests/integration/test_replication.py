@@ -9,6 +9,7 @@ import signal
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,15 @@ from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.store.errors import CorruptRecordError
 from rmqbroker.store.record import check_record, decode_record
 from tests.conftest import Cluster
-from tests.integration.helpers import StreamProducer, assert_sending, create_topic_and_wait, poll, rpc
+from tests.integration.helpers import (
+    StreamProducer,
+    assert_sending,
+    create_topic_and_wait,
+    poll,
+    rpc,
+    send_raw,
+    wait_caught_up,
+)
 from tests.support.procs import BrokerProc
 
 SEG = 2 * 1024 * 1024  # small commitlog segments so streams cross segment boundaries
@@ -36,23 +45,30 @@ def commitlog_bytes(store: Path, end: int) -> bytes:
     return bytes(out)
 
 
+def record_spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """``(position, size)`` of each whole record at the start of a segment's bytes (checked with the
+    record codec), then ``(position, 0)`` at its end-of-segment marker; stops at an unwritten or
+    partial tail."""
+    pos = 0
+    while pos + 8 <= len(data):
+        try:
+            size = check_record(data, pos)
+        except CorruptRecordError:
+            return
+        yield pos, size
+        if size == 0:
+            return
+        pos += size
+
+
 def stored_keys(store: Path) -> set[str]:
-    """KEYS of every whole record in a store's commitlog segments (checked with the record codec)."""
+    """KEYS of every whole record in a store's commitlog segments."""
     keys: set[str] = set()
     for f in sorted((store / "commitlog").iterdir()):
         data = f.read_bytes()
-        pos = 0
-        while pos + 8 <= len(data):
-            try:
-                size = check_record(data, pos)
-            except CorruptRecordError:
-                break  # unwritten or partial tail
-            if size == 0:
-                break  # end-of-segment marker
-            rec = decode_record(data, pos)
-            if rec.keys:
+        for pos, size in record_spans(data):
+            if size and (rec := decode_record(data, pos)).keys:
                 keys.add(rec.keys)
-            pos += size
     return keys
 
 
@@ -72,14 +88,6 @@ def consume_queues(store: Path) -> dict[str, bytes]:
     return out
 
 
-def send_raw(broker: str, topic: str, body: bytes, timeout: float = 10.0, sys_flag: int = 0) -> Any:
-    """SEND_MESSAGE without client retries: the broker's own answer."""
-    return rpc(broker, RequestCode.SEND_MESSAGE, {
-        "producerGroup": "PG_RAW", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
-        "queueId": "0", "sysFlag": str(sys_flag), "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
-        "properties": "WAIT\x01true\x02KEYS\x01raw\x02"}, body, timeout=timeout)
-
-
 def group(cluster: Cluster, ns: str | None, replicas: int, role: str = "ASYNC_MASTER", direct: bool = True,
           **conf: Any) -> list[BrokerProc]:
     conf.setdefault("maxMessageSize", 1024 * 1024)
@@ -94,18 +102,18 @@ def group(cluster: Cluster, ns: str | None, replicas: int, role: str = "ASYNC_MA
     return [master, *slaves]
 
 
-def wait_caught_up(master: BrokerProc, slaves: list[BrokerProc], timeout: float = 60.0) -> int:
-    target = master.status()["maxPhyOffset"]
-    poll(lambda: all(s.status()["maxPhyOffset"] == target for s in slaves), timeout, what="slaves caught up")
-    return int(target)
-
-
-def assert_replicas_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
+def assert_commitlogs_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
+    """Once the slaves caught up, their commitlogs are byte-identical to the master's."""
     end = wait_caught_up(master, slaves)
     ref = commitlog_bytes(master.store_dir, end)
     assert len(ref) == end
     for s in slaves:
         assert commitlog_bytes(s.store_dir, end) == ref, f"slave {s.conf['brokerId']} commitlog differs"
+
+
+def assert_replicas_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
+    """Identical commitlogs, and consume queues that agree."""
+    assert_commitlogs_identical(master, slaves)
     ref_cq = poll(lambda: consume_queues(master.store_dir) or None, 5)
     for s in slaves:
         poll(lambda s=s: consume_queues(s.store_dir) == ref_cq, 15, what="consume queues agree")

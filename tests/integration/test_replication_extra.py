@@ -24,7 +24,7 @@ from tests.integration.helpers import (
     send_raw,
     wait_caught_up,
 )
-from tests.integration.test_replication import SEG, commitlog_bytes
+from tests.integration.test_replication import SEG, assert_commitlogs_identical
 from tests.support.procs import BrokerProc
 
 
@@ -45,14 +45,6 @@ def group(cluster: Cluster, ns: str | None, replicas: int, direct: bool = True, 
 
 def ha_addr(broker: BrokerProc) -> str:
     return f"127.0.0.1:{broker.port + 1}"
-
-
-def assert_commitlogs_identical(master: BrokerProc, slaves: list[BrokerProc]) -> None:
-    end = wait_caught_up(master, slaves)
-    ref = commitlog_bytes(master.store_dir, end)
-    assert len(ref) == end
-    for s in slaves:
-        assert commitlog_bytes(s.store_dir, end) == ref, f"slave {s.conf['brokerId']} commitlog differs"
 
 
 def broker_addrs(ns: str, topic: str) -> dict[str, str] | None:

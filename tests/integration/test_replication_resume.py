@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rmqbroker.store.errors import CorruptRecordError
-from rmqbroker.store.record import check_record
 from tests.conftest import Cluster
 from tests.integration.helpers import StreamProducer, assert_sending, create_topic_and_wait, poll
-from tests.integration.test_replication import SEG, assert_replicas_identical, group
+from tests.integration.test_replication import SEG, assert_replicas_identical, group, record_spans
 
 STORE_STARTED = re.compile(r"message store started at .*: commitlog \[(\d+), (\d+)\)")
 FOLLOWING = re.compile(r"HA following master (\S+) from offset (\d+)")
@@ -31,15 +29,8 @@ def stored_end(store: Path) -> int:
             break  # a gap: nothing beyond it is part of the log
         data = f.read_bytes()
         pos = 0
-        while pos + 8 <= len(data):
-            try:
-                size = check_record(data, pos)
-            except CorruptRecordError:
-                return start + pos  # unwritten or partial tail
-            if size == 0:  # end-of-segment marker: the log goes on in the next segment
-                pos = len(data)
-                break
-            pos += size
+        for at, size in record_spans(data):
+            pos = len(data) if size == 0 else at + size  # the marker: the log goes on in the next segment
         end = start + pos
         if pos < len(data):
             break

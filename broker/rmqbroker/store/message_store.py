@@ -932,23 +932,25 @@ class MessageStore:
             last_flush = loop.time()
             self._release_flush_waiters(flushed)
 
+    async def _wait_or_stop(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until the store stops; whether it is still running."""
+        assert self._stop_event is not None
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stop_event.wait()
+        except TimeoutError:
+            pass
+        return not self._stopping
+
     async def _consume_queue_flusher(self) -> None:
         """Flush dirty consume queues and then the checkpoint, least-pages / thorough like the commitlog."""
-        assert self._stop_event is not None
         cfg = self.config
         interval = cfg.flush_interval_consume_queue_ms / 1000
         least = cfg.flush_consume_queue_least_pages * _PAGE_SIZE
         thorough = cfg.flush_consume_queue_thorough_interval_ms / 1000
         loop = asyncio.get_running_loop()
         last_flush = loop.time()
-        while not self._stopping:
-            try:
-                async with asyncio.timeout(interval):
-                    await self._stop_event.wait()
-            except TimeoutError:
-                pass
-            if self._stopping:
-                break
+        while await self._wait_or_stop(interval):
             queues = self._dirty_queues()
             if not queues:
                 continue
@@ -971,18 +973,10 @@ class MessageStore:
         without the GIL), so appends only take minor faults on cached pages. Java's broker warms
         its next mapped file for the same reason.
         """
-        assert self._stop_event is not None
         mfq = self.commitlog.mfq
         current: MappedFile | None = None
         done = 0  # populated up to here in ``current``
-        while not self._stopping:
-            try:
-                async with asyncio.timeout(_PREFETCH_PERIOD_S):
-                    await self._stop_event.wait()
-            except TimeoutError:
-                pass
-            if self._stopping:
-                break
+        while await self._wait_or_stop(_PREFETCH_PERIOD_S):
             mf = mfq.last_file
             if mf is None:
                 continue
