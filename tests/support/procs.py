@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,31 +19,53 @@ from typing import Any
 PY = sys.executable
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
+
+
+# Ports are picked below the kernel's ephemeral range: a port picked inside it can be taken as the
+# local port of some outgoing connection (a client, a slave's HA link) between the pick and the
+# server's bind, which then fails with "address already in use".
+_EPHEMERAL = _ephemeral_range()
+_PICK_LOW = 10000
+_PICK_HIGH = _EPHEMERAL[0] if _EPHEMERAL[0] - _PICK_LOW >= 2000 else 65535
+_rng = random.Random()
+
+
+def _bindable(ports: range) -> bool:
+    socks: list[socket.socket] = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
 
 
 def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports (broker: listen, listen+1 for HA)."""
-    for _ in range(200):
-        base = free_port()
-        if base + n >= 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
+    """A base port with n consecutive free ports (broker: listen, listen+1 for HA), outside the
+    ephemeral range when the system leaves room below it."""
+    low, high = _EPHEMERAL
+    for _ in range(500):
+        base = _rng.randrange(_PICK_LOW, _PICK_HIGH - n)
+        if _PICK_HIGH == 65535 and base + n > low and base <= high:
+            continue  # no room below the ephemeral range: at least stay out of it
+        if _bindable(range(base, base + n)):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
+    raise RuntimeError(f"no block of {n} free ports in [{_PICK_LOW}, {_PICK_HIGH})")
+
+
+def free_port() -> int:
+    return free_port_block(1)
 
 
 def wait_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
