@@ -1,4 +1,4 @@
-"""Admin and replication-source codes: 17, 21, 28, 43, 45, 201 (reference §2.13, §2.14)."""
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 207 (reference §2.13, §2.14)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import json
 import time
 from collections.abc import Callable
 
-from rmqbroker.metadata.topics import MULTI_TAG, SINGLE_TAG, TopicConfig, is_not_allowed_send_topic, validate_topic
+from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
+from rmqbroker.metadata.topics import (
+    MULTI_TAG,
+    SINGLE_TAG,
+    TopicConfig,
+    is_not_allowed_send_topic,
+    is_topic_or_group_illegal,
+    validate_topic,
+)
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -15,6 +24,32 @@ from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import BadRequestError, Header
 
 BROKER_VERSION_DESC = "V4_9_8"
+GROUP_MAX_LENGTH = 255
+INT32_MAX = 2**31 - 1
+SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
+
+
+def validate_group(name: str) -> str | None:
+    """An error remark for an unusable consumer group name, or None."""
+    if not name.strip():
+        return "the specified group is blank"
+    if len(name) > GROUP_MAX_LENGTH:
+        return f"the specified group is longer than group max length {GROUP_MAX_LENGTH}"
+    if is_topic_or_group_illegal(name):
+        return f"the specified group[{name}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$"
+    return None
+
+
+def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
+    """Numbers a group config cannot have: counts and broker ids are non-negative Java ints."""
+    for name, value, lo in (("retryQueueNums", cfg.retry_queue_nums, 0), ("retryMaxTimes", cfg.retry_max_times, -1),
+                            ("brokerId", cfg.broker_id, 0),
+                            ("whichBrokerWhenConsumeSlowly", cfg.which_broker_when_consume_slowly, 0)):
+        if not lo <= value <= INT32_MAX:
+            return f"{name} must be in [{lo}, {INT32_MAX}], got {value}"
+    if cfg.retry_queue_nums > 1024:
+        return f"retryQueueNums must be in [0, 1024], got {cfg.retry_queue_nums}"
+    return None
 
 
 class AdminProcessor:
@@ -31,14 +66,14 @@ class AdminProcessor:
         server.register(RequestCode.GET_ALL_CONSUMER_OFFSET, self.get_all_consumer_offset)
         server.register(RequestCode.GET_ALL_DELAY_OFFSET, self.get_all_delay_offset)
         server.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.get_all_subscription_groups)
+        server.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.update_and_create_subscription_group)
+        server.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_subscription_group)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
 
     async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         ctx = self.ctx
         if ctx.is_slave:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR,
-                                     "Can't modify topic or subscription group from slave broker, "
-                                     "please execute it from master broker.")
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, SLAVE_REMARK)
         h = Header(cmd.ext_fields)
         topic = h.req_str(wire.TOPIC)
         problem = validate_topic(topic)
@@ -60,6 +95,42 @@ class AdminProcessor:
         ctx.topics.update_topic_config(tc, persist=False)
         await ctx.topics.persist_async()
         ctx.register_now()
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def update_and_create_subscription_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Create or replace a consumer group from its SubscriptionGroupConfig JSON body (mqadmin
+        updateSubGroup): how groups come to exist when autoCreateSubscriptionGroup is off. Slaves
+        get it through their metadata sync (the table's DataVersion moves)."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, SLAVE_REMARK)
+        if not cmd.body:
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, "the request body must be a SubscriptionGroupConfig "
+                                                             "JSON object")
+        try:
+            cfg = SubscriptionGroupConfig.from_json_obj(fastjson_loads(bytes(cmd.body)))
+        except ValueError as exc:  # MetadataFormatError: not JSON, or not a group object
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"bad SubscriptionGroupConfig body: {exc}") from exc
+        problem = validate_group(cfg.group_name) or _group_numbers_problem(cfg)
+        if problem is not None:
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, problem)
+        ctx.groups.update(cfg, persist=False)
+        await ctx.groups.persist_async()
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def delete_subscription_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Delete a consumer group (mqadmin deleteSubGroup), with its consumer offsets when the
+        header asks for it. An absent group is not an error, as in RocketMQ."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, SLAVE_REMARK)
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.GROUP_NAME)
+        remove_offsets = h.opt_bool(wire.REMOVE_OFFSET) or h.opt_bool(wire.CLEAN_OFFSET)
+        if ctx.groups.delete(group, persist=False):
+            await ctx.groups.persist_async()
+        if remove_offsets and ctx.offsets.remove_offsets(group):
+            await ctx.offsets.persist_async()
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

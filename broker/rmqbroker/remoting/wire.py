@@ -84,6 +84,12 @@ TOPIC_FILTER_TYPE = "topicFilterType"
 TOPIC_SYS_FLAG = "topicSysFlag"
 ORDER = "order"
 
+# --- subscription group administration (DELETE_SUBSCRIPTIONGROUP; the 4.9.x client names the
+# offset flag removeOffset, 5.x cleanOffset) ---
+GROUP_NAME = "groupName"
+REMOVE_OFFSET = "removeOffset"
+CLEAN_OFFSET = "cleanOffset"
+
 # --- nameserver registration ---
 BROKER_NAME = "brokerName"
 BROKER_ADDR = "brokerAddr"
