@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import collections
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+# Consumer TPS is the messages a group pulled from a topic over the last minute (RocketMQ's
+# GROUP_GET_NUMS), kept as one count per second.
+GET_TPS_WINDOW = 60
 
 
 @dataclass
@@ -15,6 +22,31 @@ class BrokerStats:
     bytes_out: int = 0
     send_rejected: dict[int, int] = field(default_factory=dict)  # by response code
     pull_held: int = 0
+    # (topic, group) -> (second, messages pulled in it), oldest first, at most GET_TPS_WINDOW long.
+    group_gets: dict[tuple[str, str], collections.deque[tuple[int, int]]] = field(default_factory=dict)
 
     def rejected(self, code: int) -> None:
         self.send_rejected[code] = self.send_rejected.get(code, 0) + 1
+
+    def got(self, group: str, topic: str, messages: int, now: float | None = None) -> None:
+        """A pull of ``group`` returned ``messages`` messages of ``topic``."""
+        second = int(time.monotonic() if now is None else now)
+        buckets = self.group_gets.get((topic, group))
+        if buckets is None:
+            buckets = self.group_gets[(topic, group)] = collections.deque()
+        if buckets and buckets[-1][0] == second:
+            buckets[-1] = (second, buckets[-1][1] + messages)
+        else:
+            buckets.append((second, messages))
+            while buckets[0][0] <= second - GET_TPS_WINDOW:
+                buckets.popleft()
+
+    def group_get_tps(self, group: str, topics: Iterable[str], now: float | None = None) -> float:
+        """Messages per second ``group`` pulled from ``topics`` over the last minute."""
+        since = int(time.monotonic() if now is None else now) - GET_TPS_WINDOW
+        total = 0
+        for topic in topics:
+            buckets = self.group_gets.get((topic, group))
+            if buckets is not None:
+                total += sum(n for second, n in buckets if second > since)
+        return total / GET_TPS_WINDOW

@@ -1,4 +1,5 @@
-"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 207 (reference §2.13, §2.14)."""
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208 (reference §2.13,
+§2.14; 200-208 follow RocketMQ 4.9.x's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def validate_group(name: str) -> str | None:
     return None
 
 
+def mq_key(broker_name: str, topic: str, queue_id: int) -> str:
+    """A MessageQueue as fastjson writes it where it is a map key: the object itself, unquoted.
+    Not valid JSON, but what every RocketMQ client expects in TopicStatsTable and ConsumeStats."""
+    return f'{{"brokerName":{json.dumps(broker_name)},"queueId":{queue_id},"topic":{json.dumps(topic)}}}'
+
+
 def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
     """Numbers a group config cannot have: counts and broker ids are non-negative Java ints."""
     for name, value, lo in (("retryQueueNums", cfg.retry_queue_nums, 0), ("retryMaxTimes", cfg.retry_max_times, -1),
@@ -68,6 +75,8 @@ class AdminProcessor:
         server.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.get_all_subscription_groups)
         server.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.update_and_create_subscription_group)
         server.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_subscription_group)
+        server.register(RequestCode.GET_TOPIC_STATS_INFO, self.get_topic_stats_info)
+        server.register(RequestCode.GET_CONSUME_STATS, self.get_consume_stats)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
 
     async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -132,6 +141,57 @@ class AdminProcessor:
         if remove_offsets and ctx.offsets.remove_offsets(group):
             await ctx.offsets.persist_async()
         return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def get_topic_stats_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Min and max logical offset and last store time of each write queue (mqadmin
+        topicStatus): a TopicStatsTable body."""
+        ctx = self.ctx
+        topic = Header(cmd.ext_fields).req_str(wire.TOPIC)
+        tc = ctx.topics.select(topic)
+        if tc is None:
+            return cmd.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        store = ctx.store
+        entries = []
+        for qid in range(tc.write_queue_nums):
+            low = max(0, store.get_min_offset_in_queue(topic, qid))
+            high = max(0, store.get_max_offset_in_queue(topic, qid))
+            last = store.get_message_store_timestamp(topic, qid, high - 1) if high > 0 else 0
+            entries.append(f'{mq_key(ctx.settings.brokerName, topic, qid)}:'
+                           f'{{"lastUpdateTimestamp":{last},"maxOffset":{high},"minOffset":{low}}}')
+        body = '{"offsetTable":{' + ",".join(entries) + "}}"
+        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+
+    async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """A consumer group's progress per read queue (mqadmin consumerProgress): broker offset,
+        committed offset and the store time of the last consumed message; a ConsumeStats body.
+        Without a topic, every topic the group has committed offsets on. A topic the group's
+        online consumers do not subscribe to is left out, as in RocketMQ."""
+        ctx = self.ctx
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.CONSUMER_GROUP)
+        only = (h.opt_str(wire.TOPIC) or "").strip()
+        topics = [only] if only else sorted(ctx.offsets.which_topics_by_group(group))
+        online = ctx.clients.consumers.get(group)
+        store = ctx.store
+        entries = []
+        for topic in topics:
+            tc = ctx.topics.select(topic)
+            if tc is None:
+                continue
+            if online is not None and online.subscriptions and topic not in online.subscriptions:
+                continue
+            for qid in range(tc.read_queue_nums):
+                broker_offset = max(0, store.get_max_offset_in_queue(topic, qid))
+                consumer_offset = max(0, ctx.offsets.query(group, topic, qid))
+                last = 0
+                if consumer_offset > 0:
+                    last = max(0, store.get_message_store_timestamp(topic, qid, consumer_offset - 1))
+                entries.append(f'{mq_key(ctx.settings.brokerName, topic, qid)}:'
+                               f'{{"brokerOffset":{broker_offset},"consumerOffset":{consumer_offset},'
+                               f'"lastTimestamp":{last}}}')
+        tps = ctx.stats.group_get_tps(group, topics)
+        body = f'{{"consumeTps":{float(tps)!r},"offsetTable":{{' + ",".join(entries) + "}}"
+        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         if len(self.ctx.topics) == 0:
