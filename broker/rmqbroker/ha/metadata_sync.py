@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
@@ -32,8 +33,11 @@ class SlaveMetadataSync:
 
     def __init__(self, api: BrokerOuterApi, own_addr: str, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, delay: DelayOffsetTable,
-                 *, initial_delay: float = 3.0, interval: float = 10.0) -> None:
+                 *, initial_delay: float = 3.0, interval: float = 10.0,
+                 on_topic_deleted: Callable[[str], Awaitable[object]] | None = None) -> None:
         self.api = api
+        # Called for each non-system topic the master no longer has (its consume queues go too).
+        self.on_topic_deleted = on_topic_deleted
         self.own_addr = own_addr
         self.topics = topics
         self.groups = groups
@@ -105,9 +109,15 @@ class SlaveMetadataSync:
     async def _sync_topics(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
         table, version = decode_topic_wrapper(body)
+        before = set(self.topics.topic_names())
         if version is not None and self.topics.replace_all(table, version, persist=False):
             await self.topics.persist_async()
             log.info("topic config synced from %s (version %s)", master, version)
+            if self.on_topic_deleted is not None:
+                for topic in sorted(before - set(table)):
+                    if not self.topics.is_system_topic(topic):
+                        log.info("topic %s deleted on master %s", topic, master)
+                        await self.on_topic_deleted(topic)
 
     async def _sync_offsets(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)

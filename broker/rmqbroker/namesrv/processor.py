@@ -111,6 +111,7 @@ class NamesrvProcessor:
         server.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.get_route)
         server.register(RequestCode.GET_BROKER_CLUSTER_INFO, self.get_cluster_info)
         server.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topics)
+        server.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self.delete_topic)
 
     async def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
@@ -166,6 +167,13 @@ class NamesrvProcessor:
         return cmd.make_response(ResponseCode.SUCCESS,
                                  ext_fields={wire.CHANGED: "true" if changed else "false"},
                                  body=_json_body(stored) if stored is not None else b"")
+
+    async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Drop a topic's route (mqadmin deleteTopic, after deleting it on the brokers): a broker's
+        registration only adds routes. With ``clusterName`` (5.x), only that cluster's brokers."""
+        h = Header(cmd.ext_fields)
+        self.routes.delete_topic(h.req_str(wire.TOPIC), h.opt_str(wire.CLUSTER_NAME) or None)
+        return cmd.make_response(ResponseCode.SUCCESS)
 
     async def get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = Header(cmd.ext_fields).req_str(wire.TOPIC)

@@ -173,6 +173,19 @@ class RouteInfoManager:
                 self._remove_topics_of(broker_name)
         log.info("unregistered broker %s (%s id %d)", broker_addr, broker_name, broker_id)
 
+    def delete_topic(self, topic: str, cluster_name: str | None = None) -> None:
+        """Forget ``topic``'s route: on every broker, or only on ``cluster_name``'s brokers."""
+        queues = self.topic_queue_table.get(topic)
+        if queues is None:
+            return
+        if cluster_name is None:
+            del self.topic_queue_table[topic]
+            return
+        for broker_name in self.cluster_addr_table.get(cluster_name, set()):
+            queues.pop(broker_name, None)
+        if not queues:
+            del self.topic_queue_table[topic]
+
     def _remove_topics_of(self, broker_name: str) -> None:
         for topic, queues in list(self.topic_queue_table.items()):
             queues.pop(broker_name, None)

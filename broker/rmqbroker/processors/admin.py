@@ -1,5 +1,5 @@
-"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208 (reference §2.13,
-§2.14; 200-208 follow RocketMQ 4.9.x's AdminBrokerProcessor)."""
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208, 215 (reference
+§2.13, §2.14; 200-215 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ class AdminProcessor:
         server.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_subscription_group)
         server.register(RequestCode.GET_TOPIC_STATS_INFO, self.get_topic_stats_info)
         server.register(RequestCode.GET_CONSUME_STATS, self.get_consume_stats)
+        server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
 
     async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -192,6 +193,30 @@ class AdminProcessor:
         tps = ctx.stats.group_get_tps(group, topics)
         body = f'{{"consumeTps":{float(tps)!r},"offsetTable":{{' + ",".join(entries) + "}}"
         return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+
+    async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Delete a topic (mqadmin deleteTopic, which then asks the nameservers to drop its route):
+        its config, its consume queues and every group's offsets on it, so that a topic created
+        again under the name starts from queue offset 0. Slaves follow through their metadata
+        sync. Deleting a topic that does not exist is not an error, as in RocketMQ."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, SLAVE_REMARK)
+        topic = Header(cmd.ext_fields).req_str(wire.TOPIC)
+        problem = validate_topic(topic)
+        if problem is not None:
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, problem)
+        if ctx.topics.is_system_topic(topic) or is_not_allowed_send_topic(topic):
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        if ctx.topics.delete_topic(topic, persist=False):
+            await ctx.topics.persist_async()
+            ctx.register_now()
+        await ctx.store.delete_topic_queues(topic)
+        removed = [group for group in sorted(ctx.offsets.which_groups_by_topic(topic))
+                   if ctx.offsets.remove_offsets(group, topic)]
+        if removed:
+            await ctx.offsets.persist_async()
+        return cmd.make_response(ResponseCode.SUCCESS)
 
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         if len(self.ctx.topics) == 0:

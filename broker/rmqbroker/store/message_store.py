@@ -289,6 +289,9 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._abort = AbortMarker(config.abort_path)
         self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
+        # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
+        # are never closed under that thread.
+        self._cq_io = asyncio.Lock()
         self._listeners: list[ArrivalListener] = []
         # Set by the HA service on a SYNC_MASTER; ``None`` means no replica wait.
         self.replication_callback: ReplicationCallback | None = None
@@ -377,7 +380,8 @@ class MessageStore:
         self._tasks = []
         clean = True
         try:
-            flushed = await asyncio.to_thread(self._flush_all_sync)
+            async with self._cq_io:
+                flushed = await asyncio.to_thread(self._flush_all_sync)
             self._release_flush_waiters(flushed)
         except StoreError:
             log.exception("final flush failed; keeping the abort marker so the next start recovers")
@@ -878,7 +882,8 @@ class MessageStore:
 
     async def flush(self) -> int:
         """Flush commitlog, consume queues and checkpoint now; returns the flushed commitlog offset."""
-        flushed = await asyncio.to_thread(self._flush_all_sync)
+        async with self._cq_io:
+            flushed = await asyncio.to_thread(self._flush_all_sync)
         self._release_flush_waiters(flushed)
         return flushed
 
@@ -957,7 +962,10 @@ class MessageStore:
             if loop.time() - last_flush < thorough and sum(cq.mfq.dirty_bytes() for cq in queues) < least:
                 continue
             try:
-                await asyncio.to_thread(self._flush_consume_queues_sync, queues, self._logics_ts)
+                async with self._cq_io:
+                    # Only queues still in the table: one may have been deleted while we waited.
+                    live = [cq for cq in queues if self._cqs.get(cq.topic, {}).get(cq.queue_id) is cq]
+                    await asyncio.to_thread(self._flush_consume_queues_sync, live, self._logics_ts)
             except StoreError:
                 log.exception("consume queue flush failed")
                 continue
@@ -1248,6 +1256,17 @@ class MessageStore:
                 else:
                     table.pop(key, None)
         self._reput_offset = min(self._reput_offset, end)
+
+    async def delete_topic_queues(self, topic: str) -> bool:
+        """A deleted topic's consume queues go, files included, and its queue offsets restart at
+        0 (RocketMQ's cleanUnusedTopic); never while a flush thread writes them. Whether the topic
+        had any. Its messages stay in the commitlog until retention removes them."""
+        async with self._cq_io:
+            if topic not in self._cqs:
+                return False
+            self.delete_consume_queue(topic)
+        log.info("consume queues of deleted topic %s removed", topic)
+        return True
 
     def delete_consume_queue(self, topic: str) -> None:
         """Forget a topic's consume queues (files included) and its queue offsets."""

@@ -729,6 +729,25 @@ async def test_truncate_and_delete_consume_queue(store: MessageStore) -> None:
     assert not (store.config.consume_queue_dir / "T").exists()
 
 
+async def test_delete_topic_queues_waits_for_a_consume_queue_flush(store: MessageStore) -> None:
+    """A deleted topic's queue files are not closed while a flush thread may be writing them; once
+    gone, the topic's queue offsets restart at 0 and other topics are untouched."""
+    for topic in ("T", "U"):
+        await store.put_message(msg(topic, 0))
+    async with store._cq_io:  # what the consume-queue flusher holds while its thread runs
+        deleting = asyncio.ensure_future(store.delete_topic_queues("T"))
+        await asyncio.sleep(0.05)
+        assert not deleting.done() and (store.config.consume_queue_dir / "T").exists()
+    assert await deleting is True
+    assert not (store.config.consume_queue_dir / "T").exists()
+    assert store.list_queues() == [("U", 0)]
+    assert await store.delete_topic_queues("T") is False
+    again = await store.put_message(msg("T", 0))
+    assert again.queue_offset == 0 and store.get_max_offset_in_queue("T", 0) == 1
+    res = store.get_message("g", "T", 0, 0, 32)
+    assert res.status is G.FOUND and res.message_count == 1  # the new message, not the deleted one
+
+
 def test_config_helpers(tmp_path: Path) -> None:
     assert parse_delay_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")[-1] == 7_200_000
     assert parse_delay_levels("1d 2h") == (86_400_000, 7_200_000)

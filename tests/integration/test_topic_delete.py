@@ -1,0 +1,116 @@
+"""Deleting a topic as mqadmin deleteTopic does: DELETE_TOPIC_IN_BROKER (215) on the master, then
+DELETE_TOPIC_IN_NAMESRV (216), against real processes. The topic's config, consume queues and
+offsets go on the master, its slave follows through metadata sync, the route goes from the
+nameserver, and a topic created again under the name starts at queue offset 0 with consume
+queues that agree between master and slave."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    create_topic,
+    create_topic_and_wait,
+    metric_delta,
+    poll,
+    route,
+    rpc,
+    send_raw,
+    wait_caught_up,
+)
+from tests.support.procs import BrokerProc, Namesrv
+
+SEG = 2 * 1024 * 1024
+TOPIC = "DoomedTopic"
+
+
+def topic_names(broker: BrokerProc) -> set[str]:
+    try:
+        return set(json.loads((broker.store_dir / "config" / "topics.json").read_text())["topicConfigTable"])
+    except (OSError, ValueError, KeyError):
+        return set()
+
+
+def cq_file(broker: BrokerProc, queue_id: int) -> bytes:
+    path = broker.store_dir / "consumequeue" / TOPIC / str(queue_id) / f"{0:020d}"
+    return path.read_bytes() if path.exists() else b""
+
+
+@pytest.fixture
+def group(cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+    ns = cluster.namesrv()
+    conf: dict[str, Any] = {"maxMessageSize": 1024 * 1024, "slaveSyncInitialDelay": 200, "slaveSyncInterval": 500,
+                            "mappedFileSizeConsumeQueue": 6000}
+    master = cluster.broker(ns.addr, name="broker-d", mappedFileSizeCommitLog=SEG, **conf)
+    slave = cluster.broker(ns.addr, name="broker-d", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    return ns, master, slave
+
+
+def test_delete_topic_on_broker_slave_and_nameserver_then_recreate(
+        group: tuple[Namesrv, BrokerProc, BrokerProc]) -> None:
+    ns, master, slave = group
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    for i in range(5):
+        assert send_raw(master.addr, TOPIC, f"old-{i}".encode()).code == ResponseCode.SUCCESS
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_DEL", "topic": TOPIC, "queueId": "0", "commitOffset": "4"}).code == 0
+    wait_caught_up(master, [slave])
+    poll(lambda: TOPIC in topic_names(slave) and len(cq_file(slave, 0).rstrip(b"\0")) > 0, 10,
+         what="topic and its queue on the slave")
+
+    resp = rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC})
+    assert resp.code == ResponseCode.SUCCESS, resp
+    assert TOPIC not in topic_names(master)
+    assert not (master.store_dir / "consumequeue" / TOPIC).exists()
+    max_offset = rpc(master.addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": "0"})
+    assert max_offset.ext_fields["offset"] == "0"
+    assert f"{TOPIC}@CG_DEL" not in (master.store_dir / "config" / "consumerOffset.json").read_text()
+    # The broker's registration adds routes and never removes one: the nameserver drops it on 216.
+    assert route(ns.addr, TOPIC) is not None
+    assert rpc(ns.addr, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": TOPIC}).code == ResponseCode.SUCCESS
+    assert route(ns.addr, TOPIC) is None
+    poll(lambda: TOPIC not in topic_names(slave) and not (slave.store_dir / "consumequeue" / TOPIC).exists(), 10,
+         what="topic and its consume queues gone from the slave")
+
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    offsets = [send_raw(master.addr, TOPIC, f"new-{i}".encode()).ext_fields["queueOffset"] for i in range(2)]
+    assert offsets == ["0", "1"]
+    wait_caught_up(master, [slave])
+    poll(lambda: cq_file(slave, 0).rstrip(b"\0") == cq_file(master, 0).rstrip(b"\0") != b"", 10,
+         what="the new topic's consume queue on the slave equal to the master's")
+    assert len(cq_file(master, 0).rstrip(b"\0")) <= 2 * 20  # two 20-byte units, nothing of the old topic
+
+
+@pytest.mark.parametrize(("ext", "remark"), [
+    ({"topic": "SCHEDULE_TOPIC_XXXX"}, "system topic"),
+    ({"topic": "TBW102"}, "system topic"),
+    ({"topic": "bad topic"}, "illegal characters"),
+    ({"topic": " "}, "blank"),
+])
+def test_delete_refuses_system_and_malformed_topics(group: tuple[Namesrv, BrokerProc, BrokerProc],
+                                                    ext: dict[str, str], remark: str) -> None:
+    _, master, _ = group
+    before = topic_names(master)
+    metrics = master.metrics()
+    resp = rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, ext)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and remark in (resp.remark or ""), resp
+    assert metric_delta(metrics, master.metrics(), "rmq_remoting_bad_requests_total",
+                        code=str(int(RequestCode.DELETE_TOPIC_IN_BROKER))) == 1
+    assert topic_names(master) == before
+
+
+def test_slave_refuses_delete_and_keeps_the_topic(group: tuple[Namesrv, BrokerProc, BrokerProc]) -> None:
+    _, master, slave = group
+    create_topic(master.addr, TOPIC, queues=1)
+    poll(lambda: TOPIC in topic_names(slave), 10, what="topic on the slave")
+    resp = rpc(slave.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC})
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "slave" in (resp.remark or ""), resp
+    assert TOPIC in topic_names(slave) and TOPIC in topic_names(master)
+    missing = rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {})
+    assert missing.code == ResponseCode.SYSTEM_ERROR and "topic" in (missing.remark or ""), missing
