@@ -1,6 +1,7 @@
 # One image for every role of rmq-brokergroup:
 #   rmq-broker    broker (default command)      rmq-namesrv   nameserver
 #   rmq-operator  Kubernetes operator (kopf)    rmq-verify    replica verification job (PySpark, Java 17)
+#   rmq-admin     mqadmin-style topic and consumer-group administration
 # e.g. `podman run IMAGE rmq-namesrv --listen 0.0.0.0:9876`; in Kubernetes set `command:` to one of them.
 #
 # Python packages are NOT fetched during the build: `make wheels` builds the project and every dependency
@@ -44,7 +45,7 @@ RUN --mount=type=bind,source=build/image/wheels,target=/tmp/wheels \
  && python3 -m venv /opt/rmq \
  && /opt/rmq/bin/pip install --no-cache-dir --no-index --find-links=/tmp/wheels /tmp/wheels/*.whl \
  && /opt/rmq/bin/pip check \
- && command -v rmq-broker rmq-namesrv
+ && command -v rmq-broker rmq-namesrv rmq-admin
 
 USER 10001:10001
 WORKDIR /home/rmq

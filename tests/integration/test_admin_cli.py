@@ -1,0 +1,95 @@
+"""``rmq-admin`` against a real nameserver, master and slave: every command does what mqadmin's
+namesake does, through the wire, and a failed request exits 1 with the broker's remark."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rmqbroker.admin_cli import main
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import poll, route, rpc, send_raw, wait_route
+
+TOPIC = "CliTopic"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows(out: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines()[1:] if line.strip() and not line.startswith(("Consume", "Diff"))]
+
+
+def test_admin_cli_manages_topics_and_groups(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-c")
+    slave = cluster.broker(ns.addr, name="broker-c", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    n = ("-n", ns.addr)
+
+    def listed() -> tuple[int, str, str] | None:
+        result = run(capsys, "clusterList", *n)
+        return result if slave.addr in result[1] else None
+
+    code, out, _ = poll(listed, 10, what="both brokers listed")
+    assert code == 0
+    assert ["DefaultCluster", "broker-c", "0", master.addr] in rows(out)
+    assert ["DefaultCluster", "broker-c", "1", slave.addr] in rows(out)
+
+    code, out, _ = run(capsys, "updateTopic", *n, "-c", "DefaultCluster", "-t", TOPIC, "-r", "2", "-w", "2")
+    assert code == 0 and master.addr in out
+    wait_route(ns.addr, TOPIC)
+    for i in range(3):
+        assert send_raw(master.addr, TOPIC, f"m{i}".encode()).code == ResponseCode.SUCCESS  # queue 0
+    code, out, _ = run(capsys, "topicStatus", *n, "-t", TOPIC)
+    assert code == 0
+    status = {r[1]: r for r in rows(out)}
+    assert set(status) == {"0", "1"} and status["0"][2:4] == ["0", "3"] and status["1"][2:4] == ["0", "0"]
+
+    code, out, _ = run(capsys, "updateSubGroup", *n, "-c", "DefaultCluster", "-g", "CG_CLI", "-r", "5")
+    assert code == 0
+    groups = json.loads(master.admin("/metadata")[1])["subscriptionGroups"]["subscriptionGroupTable"]
+    assert groups["CG_CLI"]["retryMaxTimes"] == 5
+
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_CLI", "topic": TOPIC, "queueId": "0", "commitOffset": "1"}).code == 0
+    for extra in ((), ("-t", TOPIC)):
+        code, out, _ = run(capsys, "consumerProgress", *n, "-g", "CG_CLI", *extra)
+        assert code == 0, out
+        progress = {r[2]: r for r in rows(out)}
+        assert progress["0"][:2] == [TOPIC, "broker-c"] and progress["0"][3:6] == ["3", "1", "2"]
+        assert progress["1"][3:6] == ["0", "0", "0"]
+        assert "Diff Total: 2" in out
+
+    code, _, _ = run(capsys, "deleteSubGroup", *n, "-c", "DefaultCluster", "-g", "CG_CLI", "-r", "true")
+    assert code == 0
+    metadata = json.loads(master.admin("/metadata")[1])
+    assert "CG_CLI" not in metadata["subscriptionGroups"]["subscriptionGroupTable"]
+    assert f"{TOPIC}@CG_CLI" not in json.dumps(metadata["consumerOffsets"])
+
+    code, out, _ = run(capsys, "deleteTopic", *n, "-c", "DefaultCluster", "-t", TOPIC)
+    assert code == 0 and ns.addr in out
+    assert route(ns.addr, TOPIC) is None
+    assert TOPIC not in json.loads(master.admin("/metadata")[1])["topics"]["topicConfigTable"]
+
+
+def test_admin_cli_reports_failures(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-e")
+    slave = cluster.broker(ns.addr, name="broker-e", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    code, _, err = run(capsys, "topicStatus", "-n", ns.addr, "-t", "NoSuchTopic")
+    assert code == 1 and "no route" in err
+    code, _, err = run(capsys, "updateTopic", "-n", ns.addr, "-b", slave.addr, "-t", "T1")
+    assert code == 1 and "slave" in err
+    code, _, err = run(capsys, "updateSubGroup", "-n", ns.addr, "-b", master.addr, "-g", "bad group")
+    assert code == 1 and "illegal characters" in err
+    code, _, err = run(capsys, "deleteTopic", "-n", ns.addr, "-c", "NoSuchCluster", "-t", "T1")
+    assert code == 1 and "NoSuchCluster" in err
+    code, _, err = run(capsys, "clusterList", "-n", "")
+    assert code == 1 and "no nameserver" in err
