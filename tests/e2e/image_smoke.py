@@ -2,7 +2,8 @@
 
 Checks, in containers that run like the chart's pods (uid 10001, read-only root, no capabilities):
   * the image runs as uid 10001 and has the role entrypoints, each answering --help (rmq-broker,
-    rmq-namesrv required; rmq-operator, rmq-verify checked if present, required with --require-all),
+    rmq-namesrv required; rmq-operator, rmq-verify, rmq-admin checked if present, required with
+    --require-all),
     Java 17 and PySpark;
   * a nameserver and a broker started from the image: the broker answers ``GET /healthz`` on its admin
     port, and ``GET /readyz`` once it has registered with the nameserver.
@@ -25,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 REQUIRED_ENTRYPOINTS = ("rmq-broker", "rmq-namesrv")
-OPTIONAL_ENTRYPOINTS = ("rmq-operator", "rmq-verify")
+OPTIONAL_ENTRYPOINTS = ("rmq-operator", "rmq-verify", "rmq-admin")
 HARDENING = (
     "--user=10001:10001", "--read-only", "--tmpfs=/tmp",
     "--cap-drop=ALL", "--security-opt=no-new-privileges",
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="localhost/rmq-brokergroup:dev")
     parser.add_argument("--podman-conf", type=Path, default=None, help="containers.conf (CONTAINERS_CONF)")
-    parser.add_argument("--require-all", action="store_true", help="also require rmq-operator and rmq-verify")
+    parser.add_argument("--require-all", action="store_true",
+                        help="also require rmq-operator, rmq-verify and rmq-admin")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     podman = Podman(args.podman_conf)
