@@ -113,6 +113,8 @@ def test_delete_group_with_and_without_its_offsets(pair: tuple[BrokerProc, Broke
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b"", "SubscriptionGroupConfig"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b"{not json", "bad SubscriptionGroupConfig"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b"[1, 2]", "bad SubscriptionGroupConfig"),
+    (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b"null", "bad SubscriptionGroupConfig"),
+    (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b"\xff\xfe", "UTF-8"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"retryMaxTimes": 3}', "groupName"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"groupName": "bad group"}', "illegal characters"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"groupName": "   "}', "blank"),
