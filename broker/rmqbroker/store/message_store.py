@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqbroker.store import deleted_topics
 from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.config import StoreConfig
@@ -292,6 +293,8 @@ class MessageStore:
         # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
         # are never closed under that thread.
         self._cq_io = asyncio.Lock()
+        # Deleted topic -> commitlog offset its records end before (see store/deleted_topics.py).
+        self._deleted: dict[str, int] = {}
         self._listeners: list[ArrivalListener] = []
         # Set by the HA service on a SYNC_MASTER; ``None`` means no replica wait.
         self.replication_callback: ReplicationCallback | None = None
@@ -424,6 +427,7 @@ class MessageStore:
         self.commitlog = CommitLog(self.config.commit_log_dir, self.config.mapped_file_size_commit_log)
         self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
         self._cqs = {}
+        self._deleted = deleted_topics.load(self.config.store_path_root_dir / deleted_topics.FILE_NAME)
         self.checkpoint.load()
         self.commitlog.load()
         damaged_ends: list[int] = []
@@ -576,6 +580,9 @@ class MessageStore:
         self.commitlog.last_store_timestamp = store_ts
         if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             return
+        deleted = self._deleted
+        if deleted and phy < deleted.get(topic, -1):
+            return  # a record of a topic deleted since: its queues stay gone
         tags = tags_code(get_property(props, TAGS))
         if topic == SCHEDULE_TOPIC:
             level = _parse_int(get_property(props, DELAY))
@@ -1246,6 +1253,14 @@ class MessageStore:
         log.warning("truncating the commitlog from %d to %d", self.commitlog.max_offset(), phy_offset)
         self.commitlog.truncate_to(phy_offset)
         end = self.commitlog.max_offset()
+        moved = False
+        for topic, deleted_end in list(self._deleted.items()):
+            # Offsets past the cut will hold another log's records (the new master's).
+            if deleted_end > end:
+                self._deleted[topic] = end
+                moved = True
+        if moved:
+            deleted_topics.save(self.config.store_path_root_dir / deleted_topics.FILE_NAME, dict(self._deleted))
         table = self.commitlog.topic_queue_table
         for topic, queues in self._cqs.items():
             for qid, cq in queues.items():
@@ -1262,10 +1277,18 @@ class MessageStore:
         0 (RocketMQ's cleanUnusedTopic); never while a flush thread writes them. Whether the topic
         had any. Its messages stay in the commitlog until retention removes them."""
         async with self._cq_io:
+            # First where its records end, durably: a crash after this point cannot bring the
+            # queues back (re-dispatch skips those records), whatever the files still hold.
+            end = max(self._deleted.get(topic, 0), self.commitlog.max_offset())
+            if self._deleted.get(topic) != end:
+                self._deleted[topic] = end
+                table = dict(self._deleted)
+                await asyncio.to_thread(deleted_topics.save,
+                                        self.config.store_path_root_dir / deleted_topics.FILE_NAME, table)
             if topic not in self._cqs:
                 return False
             self.delete_consume_queue(topic)
-        log.info("consume queues of deleted topic %s removed", topic)
+        log.info("consume queues of deleted topic %s removed (its records end before %d)", topic, end)
         return True
 
     def delete_consume_queue(self, topic: str) -> None:
