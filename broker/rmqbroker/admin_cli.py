@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rmqbroker.acl import sign
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -46,14 +47,18 @@ def mq_of(key: str) -> tuple[str, str, int]:
 class Admin:
     """Requests to nameservers and brokers on one client."""
 
-    def __init__(self, namesrv: str | None) -> None:
+    def __init__(self, namesrv: str | None, credentials: tuple[str, str] | None = None) -> None:
         self.namesrvs = [a.strip() for a in (namesrv or "").split(";") if a.strip()]
+        self.credentials = credentials
         self.client = RemotingClient()
 
     async def call(self, addr: str, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
                    ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        fields = dict(ext or {})
+        if self.credentials is not None:
+            sign(fields, body, *self.credentials)  # for brokers with the plain ACL on
         try:
-            resp = await self.client.invoke(addr, RemotingCommand(code, ext_fields=dict(ext or {}), body=body), TIMEOUT)
+            resp = await self.client.invoke(addr, RemotingCommand(code, ext_fields=fields, body=body), TIMEOUT)
         except RemotingError as exc:
             raise AdminError(f"{addr}: {exc}") from exc
         if resp.code not in ok:
@@ -229,6 +234,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for sp in parsers.values():
         sp.add_argument("-n", "--namesrvAddr", dest="namesrv", default=os.environ.get("NAMESRV_ADDR"),
                         help="nameserver address(es), host:port;host:port (default $NAMESRV_ADDR)")
+        sp.add_argument("--accessKey", dest="access_key", default=os.environ.get("RMQ_ACCESS_KEY"),
+                        help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
+        sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
+                        help="the account's secret key (default $RMQ_SECRET_KEY)")
     for name in ("updateTopic", "updateSubGroup", "deleteSubGroup"):
         target = parsers[name].add_mutually_exclusive_group(required=True)
         target.add_argument("-b", "--brokerAddr", dest="broker", help="one broker, host:port")
@@ -259,7 +268,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> str:
-    admin = Admin(args.namesrv)
+    if bool(args.access_key) != bool(args.secret_key):
+        raise AdminError("give both --accessKey and --secretKey, or neither")
+    admin = Admin(args.namesrv, (args.access_key, args.secret_key) if args.access_key else None)
     try:
         fn = COMMANDS[args.command][0]
         return await fn(admin, args)

@@ -11,9 +11,10 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from rmqbroker.acl import AclConfigError, PlainAcl, guard
 from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
 from rmqbroker.admin.metrics import build_registry
-from rmqbroker.config import BrokerSettings
+from rmqbroker.config import BrokerSettings, ConfigError
 from rmqbroker.ha.controller import ReplicationController, RoleChangeError
 from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
@@ -88,8 +89,17 @@ class Broker:
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx)):
             proc.register(self.server)
+        if settings.aclEnable:
+            try:
+                acl = PlainAcl.load(settings.acl_path)
+            except AclConfigError as exc:
+                raise ConfigError(f"aclEnable: {exc}") from exc
+            guard(self.server, acl, self.ctx.stats)
+            log.info("plain ACL on: %d account(s), %d global white-list entr(ies) from %s",
+                     len(acl.accounts), len(acl.global_white), settings.acl_path)
         self.topics.add_change_listener(self._topic_changed)
-        self.outer = BrokerOuterApi()
+        self.outer = BrokerOuterApi(credentials=(settings.aclAccessKey, settings.aclSecretKey)
+                                    if settings.aclAccessKey else None)
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,
                                                parse_delay_levels(settings.messageDelayLevel))
         self.supervisor = Supervisor()

@@ -57,6 +57,12 @@ class BrokerSettings:
     adminToken: str = field(default="", metadata=_key("adminToken"))
     adminTokenFile: str = field(default="", metadata=_key("adminTokenFile"))
     storePathRootDir: str = field(default="~/store", metadata=_key("storePathRootDir"))
+    aclEnable: bool = field(default=False, metadata=_key("aclEnable"))
+    # Project key (Java reads ${ROCKETMQ_HOME}/conf/plain_acl.yml): default <storePathRootDir>/config/plain_acl.yml.
+    aclFile: str = field(default="", metadata=_key("aclFile"))
+    # Project keys: the account a slave signs its metadata-sync requests to the master with.
+    aclAccessKey: str = field(default="", metadata=_key("aclAccessKey"))
+    aclSecretKey: str = field(default="", metadata=_key("aclSecretKey"))
     storePathCommitLog: str = field(default="", metadata=_key("storePathCommitLog"))
     mappedFileSizeCommitLog: int = field(default=1073741824, metadata=_key("mappedFileSizeCommitLog"))
     mappedFileSizeConsumeQueue: int = field(default=6000000, metadata=_key("mappedFileSizeConsumeQueue"))
@@ -115,6 +121,10 @@ class BrokerSettings:
     @property
     def store_root(self) -> Path:
         return Path(os.path.expanduser(self.storePathRootDir))
+
+    @property
+    def acl_path(self) -> Path:
+        return Path(os.path.expanduser(self.aclFile)) if self.aclFile else self.store_root / "config" / "plain_acl.yml"
 
     @property
     def commitlog_dir(self) -> Path:
@@ -276,6 +286,8 @@ def _validate(s: BrokerSettings) -> None:
         parse_delay_levels(s.messageDelayLevel)
     except ValueError as exc:
         raise ConfigError(f"messageDelayLevel: {exc}") from exc
+    if bool(s.aclAccessKey) != bool(s.aclSecretKey):
+        raise ConfigError("aclAccessKey/aclSecretKey: set both or neither")
     _validate_addresses(s)
 
 

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from rmqbroker.acl import AclConfigError, PlainAcl
 from rmqbroker.broker import Broker, read_conf
 from rmqbroker.config import ConfigError, build_settings
 from rmqbroker.runtime import run_until_signal, setup_logging
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = build_settings(read_conf(args.config), overrides=overrides)
         settings.admin_token()  # an unreadable or empty token file is a configuration error
-    except (ConfigError, OSError) as exc:
+        if settings.aclEnable:
+            PlainAcl.load(settings.acl_path)  # a missing or malformed ACL file too
+    except (ConfigError, AclConfigError, OSError) as exc:
         print(f"rmq-broker: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
 

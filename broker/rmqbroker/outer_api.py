@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from rmqbroker.acl import sign
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -32,9 +33,12 @@ class RegisterResult:
 class BrokerOuterApi:
     """Talks to nameservers and to the master broker."""
 
-    def __init__(self, client: RemotingClient | None = None, timeout: float = 3.0) -> None:
+    def __init__(self, client: RemotingClient | None = None, timeout: float = 3.0,
+                 credentials: tuple[str, str] | None = None) -> None:
         self.client = client or RemotingClient()
         self.timeout = timeout
+        # (accessKey, secretKey) that signs requests to other brokers, whose plain ACL may be on.
+        self.credentials = credentials
 
     async def register_broker_all(
         self,
@@ -92,8 +96,11 @@ class BrokerOuterApi:
 
     async def get_all(self, master_addr: str, code: RequestCode) -> bytes:
         """Body of a GET_ALL_* request to the master (topics 21, offsets 43, delay 45, groups 201)."""
+        ext: dict[str, str] = {}
+        if self.credentials is not None:
+            sign(ext, b"", *self.credentials)
         try:
-            resp = await self.client.invoke(master_addr, RemotingCommand(code), self.timeout)
+            resp = await self.client.invoke(master_addr, RemotingCommand(code, ext_fields=ext), self.timeout)
         except RemotingError as exc:
             raise OuterApiError(f"request {int(code)} to master {master_addr} failed: {exc}") from exc
         if resp.code != ResponseCode.SUCCESS:

@@ -22,6 +22,7 @@ class BrokerStats:
     bytes_out: int = 0
     send_rejected: dict[int, int] = field(default_factory=dict)  # by response code
     pull_held: int = 0
+    acl_denied: int = 0  # requests refused by the plain ACL
     # (topic, group) -> (second, messages pulled in it), oldest first, at most GET_TPS_WINDOW long.
     group_gets: dict[tuple[str, str], collections.deque[tuple[int, int]]] = field(default_factory=dict)
 

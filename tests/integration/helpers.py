@@ -181,21 +181,31 @@ def message(topic: str, body: str, *, keys: str | None = None, tags: str | None 
     return spec
 
 
+def _credentials(credentials: tuple[str, str] | None) -> list[str]:
+    return ["--access-key", credentials[0], "--secret-key", credentials[1]] if credentials else []
+
+
 def produce(namesrv: str, messages: list[dict[str, Any]], mode: str = "sync", group: str = "PG_TEST",
-            timeout: float = 60.0) -> list[dict[str, Any] | None]:
-    """Send with the C++ producer; per message ``{"status", "msg_id", "offset", "sent_ms"}`` (None for oneway)."""
+            timeout: float = 60.0, credentials: tuple[str, str] | None = None,
+            keep_going: bool = False) -> list[dict[str, Any] | None]:
+    """Send with the C++ producer; per message ``{"status", "msg_id", "offset", "sent_ms"}`` (None for oneway;
+    ``{"error"}`` for a failed send with ``keep_going``). ``credentials`` (accessKey, secretKey) sign
+    the requests for a broker with the plain ACL on."""
     out = _run_script("producer.py", ["--namesrv", namesrv, "--group", group, "--mode", mode,
-                                      "--messages", json.dumps(messages)], timeout)
+                                      "--messages", json.dumps(messages), *_credentials(credentials),
+                                      *(["--keep-going"] if keep_going else [])], timeout)
     results: list[dict[str, Any] | None] = out["results"]
     return results
 
 
 def pull_all(namesrv: str, topic: str, group: str = "CG_PULL", expression: str = "*",
-             props: tuple[str, ...] = (), timeout: float = 60.0) -> list[dict[str, Any]]:
+             props: tuple[str, ...] = (), timeout: float = 60.0,
+             credentials: tuple[str, str] | None = None) -> list[dict[str, Any]]:
     """Every message of every queue of ``topic`` from offset 0, read with the C++ PullConsumer."""
     out: list[dict[str, Any]] = _run_script(
         "pull_consumer.py", ["--namesrv", namesrv, "--group", group, "--topic", topic,
-                             "--expression", expression, "--props", ",".join(props)], timeout)
+                             "--expression", expression, "--props", ",".join(props),
+                             *_credentials(credentials)], timeout)
     return out
 
 

@@ -37,6 +37,7 @@ class BrokerCollector(Collector):
         yield counter("rmq_messages_in", "Messages stored by sends", s.msgs_in)
         yield counter("rmq_bytes_in", "Message body bytes stored by sends", s.bytes_in)
         yield counter("rmq_messages_out", "Messages returned by pulls", s.msgs_out)
+        yield counter("rmq_acl_denied", "Requests refused by the plain ACL (aclEnable)", s.acl_denied)
         yield counter("rmq_bytes_out", "Record bytes returned by pulls", s.bytes_out)
         yield counter("rmq_remoting_requests", "Requests received on the remoting port", r.requests_total)
         yield counter("rmq_remoting_connections", "Connections accepted on the remoting port", r.connections_total)

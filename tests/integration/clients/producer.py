@@ -39,11 +39,17 @@ def main() -> None:
     parser.add_argument("--mode", choices=("sync", "oneway", "orderly", "batch"), default="sync")
     parser.add_argument("--messages", required=True, help="JSON list of message specs")
     parser.add_argument("--timeout-ms", type=int, default=3000)
+    parser.add_argument("--access-key", default=None, help="sign requests (plain ACL) with these credentials")
+    parser.add_argument("--secret-key", default=None)
+    parser.add_argument("--keep-going", action="store_true",
+                        help="sync mode: report a failed send as {\"error\": ...} and go on")
     args = parser.parse_args()
     specs: list[dict[str, Any]] = json.loads(args.messages)
 
     producer = Producer(args.group, timeout=args.timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
+    if args.access_key:
+        producer.set_session_credentials(args.access_key, args.secret_key, "LOCAL")
     producer.start()
     results: list[dict[str, Any] | None] = []
     try:
@@ -55,7 +61,13 @@ def main() -> None:
             for spec in specs:
                 msg = build(spec)
                 sent_ms = int(time.time() * 1000)
-                if args.mode == "sync":
+                if args.mode == "sync" and args.keep_going:
+                    try:
+                        r = producer.send_sync(msg)
+                    except Exception as exc:  # the client's failure is the result
+                        results.append({"error": f"{type(exc).__name__}: {exc}"})
+                        continue
+                elif args.mode == "sync":
                     r = producer.send_sync(msg)
                 elif args.mode == "orderly":
                     r = producer.send_orderly(msg, int(spec.get("shard", 0)))

@@ -17,11 +17,15 @@ def main() -> None:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--expression", default="*")
     parser.add_argument("--props", default="", help="comma-separated property names to report")
+    parser.add_argument("--access-key", default=None, help="sign requests (plain ACL) with these credentials")
+    parser.add_argument("--secret-key", default=None)
     args = parser.parse_args()
     props = [p for p in args.props.split(",") if p]
 
     consumer = PullConsumer(args.group)
     consumer.set_namesrv_addr(args.namesrv)
+    if args.access_key:
+        consumer.set_session_credentials(args.access_key, args.secret_key, "LOCAL")
     consumer.start()
     try:
         out = [message_json(m, props) for m in consumer.pull(args.topic, args.expression)]

@@ -1,0 +1,294 @@
+"""RocketMQ's plain ACL (``aclEnable=true``), with the semantics of 4.9.x's PlainAccessValidator and
+PlainPermissionManager: accounts and permissions from a ``plain_acl.yml``; every request signed
+by the client (HMAC-SHA1 over its sorted header values and body, base64) unless its address is
+white-listed; per-request topic/group permissions (PUB, SUB, DENY) with per-account defaults;
+admin-only request codes. Stock clients sign with their session credentials
+(``set_session_credentials`` in the C++ client, ``AclClientRPCHook`` in Java).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, Handler, RemotingServer
+from rmqbroker.stats import BrokerStats
+
+log = logging.getLogger(__name__)
+
+DENY = 1
+ANY = 2
+PUB = 4
+SUB = 8
+_PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
+RETRY_PREFIX = "%RETRY%"
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+# Request codes only an admin account may send (Permission.ADMIN_CODE; 25 is UPDATE_BROKER_CONFIG).
+ADMIN_CODES = frozenset({int(RequestCode.UPDATE_AND_CREATE_TOPIC), 25, int(RequestCode.DELETE_TOPIC_IN_BROKER),
+                         int(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP),
+                         int(RequestCode.DELETE_SUBSCRIPTIONGROUP)})
+# Header fields the client adds (SessionCredentials); the signature covers every other field.
+ACCESS_KEY = "AccessKey"
+SIGNATURE = "Signature"
+SECURITY_TOKEN = "SecurityToken"
+_UNSIGNED = frozenset({SIGNATURE, "_UNIQUE_KEY_QUERY"})
+MIN_KEY_LENGTH = 6
+
+
+class AclConfigError(ValueError):
+    """The ACL file cannot be used; the message names the file and the entry."""
+
+
+def signature(content: bytes, secret_key: str) -> str:
+    """AclSigner: base64(HMAC-SHA1(secret, content))."""
+    return base64.b64encode(hmac.new(secret_key.encode("utf-8"), content, hashlib.sha1).digest()).decode("ascii")
+
+
+def signed_content(ext: Mapping[str, str], body: bytes) -> bytes:
+    """What a request's signature covers: header values in key order (except the signature), then
+    the body (AclUtils.combineRequestContent)."""
+    values = "".join(value for key, value in sorted(ext.items()) if key not in _UNSIGNED)
+    return values.encode("utf-8") + body
+
+
+def sign(ext: dict[str, str], body: bytes, access_key: str, secret_key: str) -> None:
+    """Add AccessKey and Signature to ``ext`` as a client does (used by rmq-admin)."""
+    ext[ACCESS_KEY] = access_key
+    ext.pop(SIGNATURE, None)
+    ext[SIGNATURE] = signature(signed_content(ext, body), secret_key)
+
+
+class AddressMatcher:
+    """A white-list entry as RocketMQ writes them: ``*``, an address, ``a.b.c.*``,
+    ``a.b.c.1-100``, ``a.b.c.{1,2,3}`` or a comma-separated list of addresses."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern = pattern.strip()
+        self._any = pattern in ("*", "*.*.*.*")
+        self._alternatives: list[list[tuple[int, int] | frozenset[int]]] = []
+        if self._any or not pattern:
+            return
+        if pattern.endswith("}"):
+            head, sep, choices = pattern.rpartition(".{")
+            if not sep:
+                raise AclConfigError(f"bad address pattern {pattern!r}")
+            entries = [f"{head}.{c.strip()}" for c in choices[:-1].split(",")]
+        else:
+            entries = [e.strip() for e in pattern.split(",")]
+        for entry in entries:
+            self._alternatives.append(self._parse(entry))
+
+    @staticmethod
+    def _parse(entry: str) -> list[tuple[int, int] | frozenset[int]]:
+        parts = entry.split(".")
+        if len(parts) > 4 or not all(parts):
+            raise AclConfigError(f"bad address pattern {entry!r}")
+        parts += ["*"] * (4 - len(parts)) if parts[-1] == "*" else []
+        if len(parts) != 4:
+            raise AclConfigError(f"bad address pattern {entry!r}")
+        out: list[tuple[int, int] | frozenset[int]] = []
+        for part in parts:
+            try:
+                if part == "*":
+                    out.append((0, 255))
+                elif "-" in part:
+                    lo, hi = (int(x) for x in part.split("-", 1))
+                    if not 0 <= lo <= hi <= 255:
+                        raise ValueError(part)
+                    out.append((lo, hi))
+                else:
+                    n = int(part)
+                    if not 0 <= n <= 255:
+                        raise ValueError(part)
+                    out.append(frozenset({n}))
+            except ValueError as exc:
+                raise AclConfigError(f"bad address pattern {entry!r}") from exc
+        return out
+
+    def match(self, ip: str) -> bool:
+        if self._any:
+            return True
+        if not self._alternatives:
+            return False
+        try:
+            octets = ipaddress.IPv4Address(ip).packed
+        except ValueError:
+            return False
+        for alt in self._alternatives:
+            if all(o in p if isinstance(p, frozenset) else p[0] <= o <= p[1]
+                   for o, p in zip(octets, alt, strict=True)):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class Account:
+    access_key: str
+    secret_key: str
+    white: AddressMatcher
+    admin: bool = False
+    default_topic_perm: int = DENY
+    default_group_perm: int = DENY
+    # Topic name, or RETRY_PREFIX + group, -> permission.
+    perms: dict[str, int] = field(default_factory=dict)
+
+
+def check_permission(needed: int, owned: int) -> bool:
+    if owned & DENY:
+        return False
+    if needed & ANY:
+        return bool(owned & (PUB | SUB))
+    return bool(needed & owned)
+
+
+def _perm(value: Any, what: str) -> int:
+    perm = _PERMS.get(str(value).strip()) if value is not None else None
+    if perm is None:
+        raise AclConfigError(f"{what}: expected DENY, PUB, SUB or PUB|SUB, got {value!r}")
+    return perm
+
+
+class PlainAcl:
+    """Accounts and white-lists from one plain_acl.yml, and the per-request check."""
+
+    def __init__(self, accounts: dict[str, Account], global_white: list[AddressMatcher]) -> None:
+        self.accounts = accounts
+        self.global_white = global_white
+
+    @classmethod
+    def load(cls, path: Path) -> PlainAcl:
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise AclConfigError(f"{path}: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise AclConfigError(f"{path}: expected a mapping with accounts and globalWhiteRemoteAddresses")
+        white = [AddressMatcher(str(p)) for p in doc.get("globalWhiteRemoteAddresses") or []]
+        accounts: dict[str, Account] = {}
+        for i, raw in enumerate(doc.get("accounts") or []):
+            what = f"{path}: accounts[{i}]"
+            if not isinstance(raw, dict):
+                raise AclConfigError(f"{what}: expected a mapping")
+            ak, sk = str(raw.get("accessKey") or ""), str(raw.get("secretKey") or "")
+            if len(ak) < MIN_KEY_LENGTH or len(sk) < MIN_KEY_LENGTH:
+                raise AclConfigError(f"{what}: accessKey and secretKey need at least {MIN_KEY_LENGTH} characters")
+            if ak in accounts:
+                raise AclConfigError(f"{what}: accessKey {ak} appears twice")
+            perms: dict[str, int] = {}
+            for kind, prefix in (("topicPerms", ""), ("groupPerms", RETRY_PREFIX)):
+                for entry in raw.get(kind) or []:
+                    name, sep, value = str(entry).partition("=")
+                    if not sep or not name.strip():
+                        raise AclConfigError(f"{what}.{kind}: expected name=PERM, got {entry!r}")
+                    perms[prefix + name.strip()] = _perm(value, f"{what}.{kind} {name.strip()}")
+            accounts[ak] = Account(
+                access_key=ak, secret_key=sk, white=AddressMatcher(str(raw.get("whiteRemoteAddress") or "")),
+                admin=raw.get("admin") is True or str(raw.get("admin")).lower() == "true",
+                default_topic_perm=_perm(raw.get("defaultTopicPerm", "DENY"), f"{what}.defaultTopicPerm"),
+                default_group_perm=_perm(raw.get("defaultGroupPerm", "DENY"), f"{what}.defaultGroupPerm"),
+                perms=perms)
+        return cls(accounts, white)
+
+    def check(self, remote_ip: str, cmd: RemotingCommand) -> str | None:
+        """None when ``cmd`` from ``remote_ip`` may run, else why not (the response remark)."""
+        if any(w.match(remote_ip) for w in self.global_white):
+            return None
+        ext = cmd.ext_fields
+        ak = ext.get(ACCESS_KEY)
+        if ak is None:
+            return "No accessKey is configured"
+        account = self.accounts.get(ak)
+        if account is None:
+            return f"No acl config for {ak}"
+        if account.white.match(remote_ip):
+            return None
+        expected = signature(signed_content(ext, bytes(cmd.body)), account.secret_key)
+        if not hmac.compare_digest(expected, ext.get(SIGNATURE, "")):
+            return f"Check signature failed for accessKey={ak}"
+        try:
+            needed = needed_perms(cmd)
+        except (ValueError, AttributeError, TypeError) as exc:  # an unusable heartbeat body
+            return f"cannot read the resources of request code {cmd.code}: {exc}"
+        if needed.get(TRACE_TOPIC) == PUB:
+            return None
+        if cmd.code in ADMIN_CODES and not account.admin:
+            return f"Need admin permission for request code={cmd.code}, but accessKey={ak} is not"
+        if not needed or (account.admin and not account.perms):
+            return None
+        for resource, perm in needed.items():
+            is_group = resource.startswith(RETRY_PREFIX)
+            owned = account.perms.get(resource)
+            if owned is None:
+                owned = account.default_group_perm if is_group else account.default_topic_perm
+            if not check_permission(perm, owned):
+                what = f"group={resource[len(RETRY_PREFIX):]}" if is_group else f"topic={resource}"
+                return f"No default permission for {what}"
+        return None
+
+
+def _retry(group: str | None) -> str:
+    return RETRY_PREFIX + ("null" if group is None else group)  # Java's getRetryTopic(null)
+
+
+def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
+    """The topics (and groups, as their retry topics) a request needs, and how (PlainAccessValidator)."""
+    ext = cmd.ext_fields
+    code = cmd.code
+    out: dict[str, int] = {}
+    if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
+        v2 = code != RequestCode.SEND_MESSAGE
+        topic = ext.get("b" if v2 else "topic") or ""
+        if topic.startswith(RETRY_PREFIX):
+            out[_retry(ext.get("a" if v2 else "group"))] = SUB
+        else:
+            out[topic] = PUB
+    elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
+        out[_retry(ext.get("group"))] = SUB
+    elif code == RequestCode.PULL_MESSAGE:
+        out[ext.get("topic") or ""] = SUB
+        out[_retry(ext.get("consumerGroup"))] = SUB
+    elif code == RequestCode.QUERY_MESSAGE:
+        out[ext.get("topic") or ""] = SUB
+    elif code == RequestCode.HEART_BEAT:
+        data = json.loads(bytes(cmd.body)) if cmd.body else {}
+        for consumer in data.get("consumerDataSet") or []:
+            out[_retry(consumer.get("groupName"))] = SUB
+            for sub in consumer.get("subscriptionDataSet") or []:
+                out[str(sub.get("topic"))] = SUB
+    elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
+        out[_retry(ext.get("consumerGroup"))] = SUB
+    elif code == RequestCode.UPDATE_CONSUMER_OFFSET:
+        out[_retry(ext.get("consumerGroup"))] = SUB
+        out[ext.get("topic") or ""] = SUB
+    return out
+
+
+def guard(server: RemotingServer, acl: PlainAcl, stats: BrokerStats) -> None:
+    """Check every request against ``acl`` before its handler (RocketMQ's ACL RPC hook): a refused
+    one is answered SYSTEM_ERROR with the reason, as a Java broker does, and counted."""
+
+    def wrap(handler: Handler) -> Handler:
+        def checked(conn: Connection, cmd: RemotingCommand) -> Any:
+            remark = acl.check(conn.remote_host, cmd)
+            if remark is not None:
+                stats.acl_denied += 1
+                log.info("ACL refused request code %d from %s: %s", cmd.code, conn.remote_addr, remark)
+                return cmd.make_response(ResponseCode.SYSTEM_ERROR, remark)
+            return handler(conn, cmd)
+
+        return checked
+
+    for code, handler in list(server.handlers.items()):
+        server.handlers[code] = wrap(handler)

@@ -1,0 +1,134 @@
+"""The plain ACL (aclEnable) against a real broker and the stock C++ client signing with its session
+credentials: permitted sends and pulls work, a wrong secret, a topic without PUB and an unsigned
+or non-admin admin request are refused with RocketMQ's remark and counted, and rmq-admin signs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmqbroker.acl import sign
+from rmqbroker.admin_cli import main as rmq_admin
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import message, metric_delta, poll, produce, pull_all, rpc, wait_route
+from tests.support.procs import BrokerProc, Namesrv
+
+TOPIC = "AclTopic"
+ADMIN = ("rocketmq-admin", "admin-secret-1")
+PRODUCER = ("producer1", "producer-secret")
+CONSUMER = ("consumer1", "consumer-secret")
+ACL = f"""
+accounts:
+  - accessKey: {ADMIN[0]}
+    secretKey: {ADMIN[1]}
+    admin: true
+  - accessKey: {PRODUCER[0]}
+    secretKey: {PRODUCER[1]}
+    defaultTopicPerm: DENY
+    defaultGroupPerm: SUB
+    topicPerms:
+      - {TOPIC}=PUB
+  - accessKey: {CONSUMER[0]}
+    secretKey: {CONSUMER[1]}
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - {TOPIC}=SUB
+    groupPerms:
+      - CG_ACL=SUB
+"""
+
+
+@pytest.fixture
+def secured(cluster: Cluster, tmp_path: Path) -> tuple[Namesrv, BrokerProc]:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    ns = cluster.namesrv()
+    broker = cluster.broker(ns.addr, name="broker-acl", aclEnable="true", aclFile=str(acl))
+    assert rmq_admin(["updateTopic", "-n", ns.addr, "-b", broker.addr, "-t", TOPIC, "-r", "2", "-w", "2",
+                      "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]) == 0
+    wait_route(ns.addr, TOPIC)
+    return ns, broker
+
+
+def denied(broker: BrokerProc, before: str) -> float:
+    return metric_delta(before, broker.metrics(), "rmq_acl_denied_total")
+
+
+def test_stock_client_signs_and_is_held_to_its_permissions(secured: tuple[Namesrv, BrokerProc]) -> None:
+    ns, broker = secured
+    sent = produce(ns.addr, [message(TOPIC, f"m{i}") for i in range(3)], credentials=PRODUCER)
+    assert [r["status"] for r in sent if r is not None] == [0, 0, 0]
+
+    before = broker.metrics()
+    wrong = produce(ns.addr, [message(TOPIC, "x")], credentials=(PRODUCER[0], "not-the-secret"), keep_going=True)
+    other = produce(ns.addr, [message("OtherTopic", "x")], credentials=PRODUCER, keep_going=True)
+    assert wrong[0] is not None and "error" in wrong[0], wrong
+    assert other[0] is not None and "error" in other[0], other
+    assert denied(broker, before) >= 2
+
+    got = pull_all(ns.addr, TOPIC, group="CG_ACL", credentials=CONSUMER)
+    assert sorted(m["body"] for m in got) == ["m0", "m1", "m2"]  # the refused sends stored nothing
+
+
+def test_requests_are_refused_with_rocketmqs_remarks(secured: tuple[Namesrv, BrokerProc]) -> None:
+    _, broker = secured
+    create = {"topic": "NewTopic", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}
+    pull = {"consumerGroup": "CG_ACL", "topic": TOPIC, "queueId": "0", "queueOffset": "0", "maxMsgNums": "8",
+            "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "*",
+            "subVersion": "0"}
+
+    def call(code: int, ext: dict[str, str], creds: tuple[str, str] | None) -> tuple[int, str]:
+        fields = dict(ext)
+        if creds:
+            sign(fields, b"", *creds)
+        resp = rpc(broker.addr, code, fields)
+        return resp.code, resp.remark or ""
+
+    before = broker.metrics()
+    assert call(RequestCode.UPDATE_AND_CREATE_TOPIC, create, None) == (ResponseCode.SYSTEM_ERROR,
+                                                                       "No accessKey is configured")
+    code, remark = call(RequestCode.UPDATE_AND_CREATE_TOPIC, create, PRODUCER)
+    assert code == ResponseCode.SYSTEM_ERROR and "Need admin permission for request code=17" in remark
+    code, remark = call(RequestCode.PULL_MESSAGE, pull, PRODUCER)
+    assert code == ResponseCode.SYSTEM_ERROR and remark == f"No default permission for topic={TOPIC}"
+    assert denied(broker, before) == 3
+    assert call(RequestCode.PULL_MESSAGE, pull, CONSUMER)[0] in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)
+    assert call(RequestCode.UPDATE_AND_CREATE_TOPIC, create, ADMIN)[0] == ResponseCode.SUCCESS
+
+
+def test_broker_refuses_to_start_with_an_unusable_acl_file(cluster: Cluster, tmp_path: Path) -> None:
+    bad = tmp_path / "plain_acl.yml"
+    bad.write_text("accounts:\n  - accessKey: ab\n    secretKey: cd\n")
+    broker = cluster.broker(None, name="broker-badacl", start=False, aclEnable="true", aclFile=str(bad))
+    with pytest.raises(RuntimeError, match=r"at least 6"):
+        broker.start()
+    assert broker.popen is not None and broker.popen.wait(10) == 2
+
+
+def test_slave_metadata_sync_signs_with_the_configured_account(cluster: Cluster, tmp_path: Path) -> None:
+    """A slave's GET_ALL_* requests to an ACL-protected master carry aclAccessKey/aclSecretKey;
+    without them the master refuses every round (the slave counts the failures)."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    ns = cluster.namesrv()
+    conf = {"aclEnable": "true", "aclFile": str(acl), "slaveSyncInitialDelay": 200, "slaveSyncInterval": 300}
+    master = cluster.broker(ns.addr, name="broker-aclha", **conf)
+    signed = cluster.broker(ns.addr, name="broker-aclha", broker_id=1, role="SLAVE",
+                            haMasterAddress=f"127.0.0.1:{master.port + 1}", aclAccessKey=CONSUMER[0],
+                            aclSecretKey=CONSUMER[1], **conf)
+    unsigned = cluster.broker(ns.addr, name="broker-aclha", broker_id=2, role="SLAVE",
+                              haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    assert rmq_admin(["updateTopic", "-n", ns.addr, "-b", master.addr, "-t", "SyncedTopic",
+                      "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]) == 0
+
+    def synced(slave: BrokerProc) -> bool:
+        return "SyncedTopic" in (slave.store_dir / "config" / "topics.json").read_text(errors="replace") \
+            if (slave.store_dir / "config" / "topics.json").exists() else False
+
+    poll(lambda: synced(signed), 10, what="the signed slave synced the topic")
+    poll(lambda: unsigned.status()["metadataSync"]["failures"] >= 2, 10, what="the unsigned slave's refused rounds")
+    assert not synced(unsigned)
+    assert "No accessKey is configured" in (unsigned.status()["metadataSync"]["lastError"] or "")
