@@ -44,6 +44,11 @@ CONF_DIR = "/etc/rmq/conf"
 TOKEN_DIR = "/etc/rmq/admin"
 TOKEN_KEY = "token"
 DATA_DIR = "/data"
+# spec.acl.secretName: the Secret's plain_acl.yml is mounted here; its optional accessKey and
+# secretKey reach the broker as the environment overrides of aclAccessKey / aclSecretKey.
+ACL_DIR = "/etc/rmq/acl"
+ACL_FILE_KEY = "plain_acl.yml"
+ACL_ENV = (("RMQ_BROKER_ACL_ACCESS_KEY", "accessKey"), ("RMQ_BROKER_ACL_SECRET_KEY", "secretKey"))
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 APPLIED_SPEC_ANNOTATION = f"{GROUP}/applied-spec"
 GROUP_LABEL = f"{GROUP}/group"
@@ -175,6 +180,9 @@ def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ord
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha_dns(spec, master_ordinal)
+    if spec.acl_secret:
+        conf["aclEnable"] = "true"
+        conf["aclFile"] = f"{ACL_DIR}/{ACL_FILE_KEY}"
     conf.update(sorted(spec.broker_config.items()))
     header = (f"# {spec.broker_name} pod {pod_name(spec, ordinal)}: rendered by rmq-operator, do not edit.\n"
               f"# brokerIP1 comes from ${BROKER_IP_ENV} (the pod IP).\n")
@@ -243,6 +251,20 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
     }
     if spec.resources:
         container["resources"] = spec.resources
+    volumes: list[Obj] = [
+        # The whole ConfigMap as a directory (no subPath): a restarted container reads the
+        # current role assignment once the kubelet has synced the volume.
+        {"name": "conf", "configMap": {"name": config_name(spec)}},
+        {"name": "admin-token", "secret": {"secretName": token_secret_name(spec), "defaultMode": 0o440}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if spec.acl_secret:
+        volumes.append({"name": "acl", "secret": {"secretName": spec.acl_secret, "defaultMode": 0o440,
+                                                  "items": [{"key": ACL_FILE_KEY, "path": ACL_FILE_KEY}]}})
+        container["volumeMounts"].append({"name": "acl", "mountPath": ACL_DIR, "readOnly": True})
+        container["env"] += [{"name": env, "valueFrom": {"secretKeyRef": {"name": spec.acl_secret, "key": key,
+                                                                          "optional": True}}}
+                             for env, key in ACL_ENV]
     return {
         "metadata": {"labels": labels(spec, "broker"), "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)}},
         "spec": {
@@ -250,13 +272,7 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
             "terminationGracePeriodSeconds": 60,
             "securityContext": _pod_security(),
             "containers": [container],
-            "volumes": [
-                # The whole ConfigMap as a directory (no subPath): a restarted container reads the
-                # current role assignment once the kubelet has synced the volume.
-                {"name": "conf", "configMap": {"name": config_name(spec)}},
-                {"name": "admin-token", "secret": {"secretName": token_secret_name(spec), "defaultMode": 0o440}},
-                {"name": "tmp", "emptyDir": {}},
-            ],
+            "volumes": volumes,
         },
     }
 
@@ -274,6 +290,8 @@ def config_hash(spec: GroupSpec) -> str:
         "image": spec.image, "pullPolicy": spec.image_pull_policy, "resources": spec.resources,
         "conf": static_conf, "discovery": spec.master_discovery, "restartAt": spec.restart_at,
     }
+    if spec.acl_secret:  # only when set: groups without an ACL keep the hash they had
+        material["acl"] = spec.acl_secret
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 

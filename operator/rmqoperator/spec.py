@@ -95,6 +95,8 @@ class GroupSpec:
     failover: FailoverSpec = field(default_factory=FailoverSpec)
     verification: dict[str, Any] = field(default_factory=dict)
     restart_at: str = ""
+    # Secret holding plain_acl.yml (and optionally accessKey/secretKey for the slaves' sync): ACL on.
+    acl_secret: str = ""
 
     @property
     def master_role(self) -> str:
@@ -189,6 +191,7 @@ def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
         failover=failover,
         verification=dict(_obj(spec, "verification", "spec.")),
         restart_at=str(annotations.get(RESTART_ANNOTATION, "")),
+        acl_secret=_get(_obj(spec, "acl", "spec."), "secretName", str, "", "spec.acl.") or "",
     )
 
 

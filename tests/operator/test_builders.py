@@ -118,6 +118,33 @@ def test_broker_statefulset_pod_template() -> None:
     assert s["template"]["metadata"]["annotations"][builders.CONFIG_HASH_ANNOTATION] == builders.config_hash(spec)
 
 
+def test_acl_secret_mounts_the_file_and_turns_the_acl_on() -> None:
+    """spec.acl.secretName: the Secret's plain_acl.yml is mounted read-only, the conf points the
+    broker at it, and the slaves' signing account comes from the same Secret as optional env."""
+    plain = spec_of(replicas=2)
+    spec = spec_of(replicas=2, acl={"secretName": "rmq-acl"})
+    assert spec.acl_secret == "rmq-acl" and problems(spec) == []
+    conf = builders.render_broker_conf(spec, 1, 1, 0)
+    settings = build_settings(conf, env={"RMQ_BROKER_ACL_ACCESS_KEY": "sync-user",
+                                         "RMQ_BROKER_ACL_SECRET_KEY": "sync-secret"})
+    assert settings.aclEnable and str(settings.acl_path) == "/etc/rmq/acl/plain_acl.yml"
+    assert (settings.aclAccessKey, settings.aclSecretKey) == ("sync-user", "sync-secret")
+    assert not build_settings(builders.render_broker_conf(plain, 1, 1, 0), env={}).aclEnable
+    pod = builders.broker_statefulset(spec, 2)["spec"]["template"]["spec"]
+    volume = {v["name"]: v for v in pod["volumes"]}["acl"]["secret"]
+    assert volume["secretName"] == "rmq-acl" and volume["items"] == [{"key": "plain_acl.yml", "path": "plain_acl.yml"}]
+    c = pod["containers"][0]
+    assert {"name": "acl", "mountPath": "/etc/rmq/acl", "readOnly": True} in c["volumeMounts"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert env == {env_name("aclAccessKey"): {"name": "rmq-acl", "key": "accessKey", "optional": True},
+                   env_name("aclSecretKey"): {"name": "rmq-acl", "key": "secretKey", "optional": True}}
+    plain_pod = builders.broker_statefulset(plain, 2)["spec"]["template"]["spec"]
+    assert "acl" not in {v["name"] for v in plain_pod["volumes"]}
+    # Turning the ACL on, or pointing it at another Secret, restarts the brokers; no ACL keeps the old hash.
+    hashes = {builders.config_hash(s) for s in (plain, spec, dataclasses.replace(spec, acl_secret="other"))}
+    assert len(hashes) == 3
+
+
 def test_services_and_secret() -> None:
     spec = spec_of()
     svc = builders.broker_headless_service(spec)

@@ -143,6 +143,7 @@ def test_address_pattern_never_accepts_what_the_broker_refuses() -> None:
     {"verification": {"schedule": "0 3 * * *", "image": "x:1", "resources": {"limits": {"cpu": 2}}}},
     {"verification": {"schedule": "@daily"}},
     {"failover": {"enabled": False, "masterLostSeconds": 3600, "allowDataLoss": True}},
+    {"acl": {"secretName": "rmq-acl.v2"}},
 ])
 def test_valid_variants(spec: dict[str, Any]) -> None:
     VALIDATOR.validate(example(**spec))
@@ -170,6 +171,8 @@ def test_valid_variants(spec: dict[str, Any]) -> None:
     ({"ports": {"admin": 70000}}, "admin"),
     ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy"),
     ({"verification": {"schedule": "daily"}}, "schedule"),
+    ({"acl": {}}, "secretName"),
+    ({"acl": {"secretName": "Rmq_ACL"}}, "secretName"),
 ])
 def test_invalid_specs_are_rejected(spec: dict[str, Any], where: str) -> None:
     errors = list(VALIDATOR.iter_errors(example(**spec)))
