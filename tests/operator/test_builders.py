@@ -228,13 +228,14 @@ def test_dotted_name_needs_a_broker_name() -> None:
     assert problems(parse_spec(doc)) == []
 
 
-@pytest.mark.parametrize("managed", [True, False])
-def test_children_validate_against_kubernetes_schemas(managed: bool) -> None:
+@pytest.mark.parametrize(("managed", "acl"), [(True, False), (False, False), (True, True)])
+def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool) -> None:
     """Strict validation of every rendered child (kubernetes-validate; a dev dependency of the chart tests)."""
     kv = pytest.importorskip("kubernetes_validate")
     ns = {"managed": {"replicas": 2}} if managed else {"addresses": ["10.0.0.1:9876"]}
     spec = spec_of(replicas=3, nameServer=ns, resources={"limits": {"memory": "2Gi", "cpu": 2}},
-                   storage={"size": "5Gi", "storageClassName": "ssd"})
+                   storage={"size": "5Gi", "storageClassName": "ssd"},
+                   **({"acl": {"secretName": "rmq-acl"}} if acl else {}))
     spec = dataclasses.replace(spec, uid="0f0f0f0f-aaaa-bbbb-cccc-000000000000")
     for obj in [*builders.children(spec, complete_assignment({}, 3), 3), builders.admin_secret(spec, "t")]:
         kv.validate(obj, kv.latest_version(), strict=True)
