@@ -167,6 +167,10 @@ class PlainAcl:
         self.accounts = accounts
         self.global_white = global_white
 
+    def replace(self, other: PlainAcl) -> None:
+        """Take ``other``'s accounts and white-list (a reloaded file), for every later request."""
+        self.accounts, self.global_white = other.accounts, other.global_white
+
     @classmethod
     def load(cls, path: Path) -> PlainAcl:
         try:
@@ -273,6 +277,43 @@ def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
         out[_retry(ext.get("consumerGroup"))] = SUB
         out[ext.get("topic") or ""] = SUB
     return out
+
+
+class AclFileWatcher:
+    """Reloads the ACL file when it changes (RocketMQ watches plain_acl.yml too; a Kubernetes Secret
+    update reaches the mounted file on its own). A file that no longer loads is logged and counted,
+    and the last good one stays in force."""
+
+    def __init__(self, acl: PlainAcl, path: Path, stats: BrokerStats) -> None:
+        self.acl = acl
+        self.path = path
+        self.stats = stats
+        self._seen = self._fingerprint()
+
+    def _fingerprint(self) -> bytes | None:
+        try:
+            return hashlib.sha256(self.path.read_bytes()).digest()
+        except OSError:
+            return None
+
+    def load_if_changed(self) -> PlainAcl | None:
+        """Blocking (a worker thread): the file's new rules if its content changed and loads."""
+        seen = self._fingerprint()
+        if seen is None or seen == self._seen:
+            return None
+        self._seen = seen
+        try:
+            return PlainAcl.load(self.path)
+        except AclConfigError as exc:
+            self.stats.acl_reload_failures += 1
+            log.error("ACL file changed but cannot be used; keeping the previous rules: %s", exc)
+            return None
+
+    def apply(self, fresh: PlainAcl) -> None:
+        """On the loop: every later request is checked against ``fresh``."""
+        self.acl.replace(fresh)
+        self.stats.acl_reloads += 1
+        log.info("ACL file %s reloaded: %d account(s)", self.path, len(fresh.accounts))
 
 
 def guard(server: RemotingServer, acl: PlainAcl, stats: BrokerStats) -> None:

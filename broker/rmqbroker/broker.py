@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from rmqbroker.acl import AclConfigError, PlainAcl, guard
+from rmqbroker.acl import AclConfigError, AclFileWatcher, PlainAcl, guard
 from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
 from rmqbroker.admin.metrics import build_registry
 from rmqbroker.config import BrokerSettings, ConfigError
@@ -38,6 +38,8 @@ from rmqbroker.store.consume_queue import UNIT
 from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
+# How often the ACL file is checked for changes (s).
+ACL_RELOAD_SECONDS = 2.0
 # Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
 ADMIN_TOKEN_FILE = "adminToken"
 
@@ -95,8 +97,11 @@ class Broker:
             except AclConfigError as exc:
                 raise ConfigError(f"aclEnable: {exc}") from exc
             guard(self.server, acl, self.ctx.stats)
+            self.acl_watcher: AclFileWatcher | None = AclFileWatcher(acl, settings.acl_path, self.ctx.stats)
             log.info("plain ACL on: %d account(s), %d global white-list entr(ies) from %s",
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
+        else:
+            self.acl_watcher = None
         self.topics.add_change_listener(self._topic_changed)
         self.outer = BrokerOuterApi(credentials=(settings.aclAccessKey, settings.aclSecretKey)
                                     if settings.aclAccessKey else None)
@@ -214,6 +219,11 @@ class Broker:
     async def _persist_delay_offsets(self) -> None:
         await self.delay_offsets.persist_if_dirty_async()
 
+    async def _reload_acl(self) -> None:
+        watcher = self.acl_watcher
+        if watcher is not None and (fresh := await asyncio.to_thread(watcher.load_if_changed)) is not None:
+            watcher.apply(fresh)
+
     async def _scan_clients(self) -> None:
         self.clients.scan_expired(self.settings.clientChannelExpiredMillis / 1000)
 
@@ -232,6 +242,8 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
+        if self.acl_watcher is not None:
+            sup.every("acl-reload", ACL_RELOAD_SECONDS, self._reload_acl)
         await self.replication.start()
         self._role_changed(self.ctx.role)
         log.info("broker %s (%s, id %d) serving on %s", s.brokerName, s.brokerRole, s.brokerId, s.broker_addr)

@@ -23,6 +23,8 @@ class BrokerStats:
     send_rejected: dict[int, int] = field(default_factory=dict)  # by response code
     pull_held: int = 0
     acl_denied: int = 0  # requests refused by the plain ACL
+    acl_reloads: int = 0
+    acl_reload_failures: int = 0  # the ACL file changed but did not load (the old rules stay)
     # (topic, group) -> (second, messages pulled in it), oldest first, at most GET_TPS_WINDOW long.
     group_gets: dict[tuple[str, str], collections.deque[tuple[int, int]]] = field(default_factory=dict)
 

@@ -132,3 +132,26 @@ def test_slave_metadata_sync_signs_with_the_configured_account(cluster: Cluster,
     poll(lambda: unsigned.status()["metadataSync"]["failures"] >= 2, 10, what="the unsigned slave's refused rounds")
     assert not synced(unsigned)
     assert "No accessKey is configured" in (unsigned.status()["metadataSync"]["lastError"] or "")
+
+
+def test_a_changed_acl_file_is_put_in_force_and_a_broken_one_is_not(cluster: Cluster, tmp_path: Path) -> None:
+    """Like RocketMQ, the broker follows edits of plain_acl.yml (a mounted Secret changes this way);
+    a file that no longer loads leaves the previous rules in force and is counted."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    broker = cluster.broker(None, name="broker-aclreload", aclEnable="true", aclFile=str(acl))
+    create = {"topic": "ReloadTopic", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}
+
+    def create_as_producer() -> int:
+        fields = dict(create)
+        sign(fields, b"", *PRODUCER)
+        return rpc(broker.addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields).code
+
+    assert create_as_producer() == ResponseCode.SYSTEM_ERROR  # not an admin
+    acl.write_text(ACL.replace(f"accessKey: {PRODUCER[0]}\n", f"accessKey: {PRODUCER[0]}\n    admin: true\n", 1))
+    poll(lambda: create_as_producer() == ResponseCode.SUCCESS, 10, what="the edited file in force")
+    before = broker.metrics()
+    acl.write_text("accounts: [")
+    poll(lambda: metric_delta(before, broker.metrics(), "rmq_acl_reload_failures_total") == 1, 10,
+         what="the broken file noticed")
+    assert create_as_producer() == ResponseCode.SUCCESS  # the last good rules stay

@@ -38,6 +38,8 @@ class BrokerCollector(Collector):
         yield counter("rmq_bytes_in", "Message body bytes stored by sends", s.bytes_in)
         yield counter("rmq_messages_out", "Messages returned by pulls", s.msgs_out)
         yield counter("rmq_acl_denied", "Requests refused by the plain ACL (aclEnable)", s.acl_denied)
+        yield counter("rmq_acl_reloads", "Changed ACL files put in force", s.acl_reloads)
+        yield counter("rmq_acl_reload_failures", "Changed ACL files that could not be used", s.acl_reload_failures)
         yield counter("rmq_bytes_out", "Record bytes returned by pulls", s.bytes_out)
         yield counter("rmq_remoting_requests", "Requests received on the remoting port", r.requests_total)
         yield counter("rmq_remoting_connections", "Connections accepted on the remoting port", r.connections_total)
