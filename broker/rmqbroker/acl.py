@@ -12,7 +12,6 @@ import base64
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,9 @@ from typing import Any
 
 import yaml
 
+from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.topics import RETRY_GROUP_TOPIC_PREFIX, TRACE_TOPIC
+from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, Handler, RemotingServer
@@ -33,18 +35,12 @@ ANY = 2
 PUB = 4
 SUB = 8
 _PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
-RETRY_PREFIX = "%RETRY%"
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 # Request codes only an admin account may send (Permission.ADMIN_CODE; 25 is UPDATE_BROKER_CONFIG).
-ADMIN_CODES = frozenset({int(RequestCode.UPDATE_AND_CREATE_TOPIC), 25, int(RequestCode.DELETE_TOPIC_IN_BROKER),
-                         int(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP),
-                         int(RequestCode.DELETE_SUBSCRIPTIONGROUP)})
-# Header fields the client adds (SessionCredentials); the signature covers every other field.
-ACCESS_KEY = "AccessKey"
-SIGNATURE = "Signature"
-SECURITY_TOKEN = "SecurityToken"
-_UNSIGNED = frozenset({SIGNATURE, "_UNIQUE_KEY_QUERY"})
+ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, 25, RequestCode.DELETE_TOPIC_IN_BROKER,
+                         RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP})
+_UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY})
 MIN_KEY_LENGTH = 6
+_ANY_OCTET = range(256)
 
 
 class AclConfigError(ValueError):
@@ -65,9 +61,8 @@ def signed_content(ext: Mapping[str, str], body: bytes) -> bytes:
 
 def sign(ext: dict[str, str], body: bytes, access_key: str, secret_key: str) -> None:
     """Add AccessKey and Signature to ``ext`` as a client does (used by rmq-admin)."""
-    ext[ACCESS_KEY] = access_key
-    ext.pop(SIGNATURE, None)
-    ext[SIGNATURE] = signature(signed_content(ext, body), secret_key)
+    ext[wire.ACCESS_KEY] = access_key
+    ext[wire.SIGNATURE] = signature(signed_content(ext, body), secret_key)
 
 
 class AddressMatcher:
@@ -77,7 +72,8 @@ class AddressMatcher:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern = pattern.strip()
         self._any = pattern in ("*", "*.*.*.*")
-        self._alternatives: list[list[tuple[int, int] | frozenset[int]]] = []
+        # Each alternative: the allowed values of the four octets.
+        self._alternatives: list[list[range]] = []
         if self._any or not pattern:
             return
         if pattern.endswith("}"):
@@ -87,34 +83,25 @@ class AddressMatcher:
             entries = [f"{head}.{c.strip()}" for c in choices[:-1].split(",")]
         else:
             entries = [e.strip() for e in pattern.split(",")]
-        for entry in entries:
-            self._alternatives.append(self._parse(entry))
+        self._alternatives = [self._parse(entry) for entry in entries]
 
     @staticmethod
-    def _parse(entry: str) -> list[tuple[int, int] | frozenset[int]]:
+    def _parse(entry: str) -> list[range]:
         parts = entry.split(".")
-        if len(parts) > 4 or not all(parts):
-            raise AclConfigError(f"bad address pattern {entry!r}")
-        parts += ["*"] * (4 - len(parts)) if parts[-1] == "*" else []
+        if parts[-1] == "*":
+            parts += ["*"] * (4 - len(parts))  # a.b.* = a.b.*.*
         if len(parts) != 4:
             raise AclConfigError(f"bad address pattern {entry!r}")
-        out: list[tuple[int, int] | frozenset[int]] = []
+        out = []
         for part in parts:
+            lo_s, _, hi_s = part.partition("-")
             try:
-                if part == "*":
-                    out.append((0, 255))
-                elif "-" in part:
-                    lo, hi = (int(x) for x in part.split("-", 1))
-                    if not 0 <= lo <= hi <= 255:
-                        raise ValueError(part)
-                    out.append((lo, hi))
-                else:
-                    n = int(part)
-                    if not 0 <= n <= 255:
-                        raise ValueError(part)
-                    out.append(frozenset({n}))
+                octets = _ANY_OCTET if part == "*" else range(int(lo_s), int(hi_s or lo_s) + 1)
             except ValueError as exc:
                 raise AclConfigError(f"bad address pattern {entry!r}") from exc
+            if not octets or octets.start < 0 or octets.stop > 256:
+                raise AclConfigError(f"bad address pattern {entry!r}")
+            out.append(octets)
         return out
 
     def match(self, ip: str) -> bool:
@@ -126,11 +113,7 @@ class AddressMatcher:
             octets = ipaddress.IPv4Address(ip).packed
         except ValueError:
             return False
-        for alt in self._alternatives:
-            if all(o in p if isinstance(p, frozenset) else p[0] <= o <= p[1]
-                   for o, p in zip(octets, alt, strict=True)):
-                return True
-        return False
+        return any(all(o in allowed for o, allowed in zip(octets, alt, strict=True)) for alt in self._alternatives)
 
 
 @dataclass(frozen=True)
@@ -141,7 +124,7 @@ class Account:
     admin: bool = False
     default_topic_perm: int = DENY
     default_group_perm: int = DENY
-    # Topic name, or RETRY_PREFIX + group, -> permission.
+    # Topic name, or %RETRY% + group, -> permission.
     perms: dict[str, int] = field(default_factory=dict)
 
 
@@ -191,7 +174,7 @@ class PlainAcl:
             if ak in accounts:
                 raise AclConfigError(f"{what}: accessKey {ak} appears twice")
             perms: dict[str, int] = {}
-            for kind, prefix in (("topicPerms", ""), ("groupPerms", RETRY_PREFIX)):
+            for kind, prefix in (("topicPerms", ""), ("groupPerms", RETRY_GROUP_TOPIC_PREFIX)):
                 for entry in raw.get(kind) or []:
                     name, sep, value = str(entry).partition("=")
                     if not sep or not name.strip():
@@ -210,7 +193,7 @@ class PlainAcl:
         if any(w.match(remote_ip) for w in self.global_white):
             return None
         ext = cmd.ext_fields
-        ak = ext.get(ACCESS_KEY)
+        ak = ext.get(wire.ACCESS_KEY)
         if ak is None:
             return "No accessKey is configured"
         account = self.accounts.get(ak)
@@ -219,7 +202,7 @@ class PlainAcl:
         if account.white.match(remote_ip):
             return None
         expected = signature(signed_content(ext, bytes(cmd.body)), account.secret_key)
-        if not hmac.compare_digest(expected, ext.get(SIGNATURE, "")):
+        if not hmac.compare_digest(expected, ext.get(wire.SIGNATURE, "")):
             return f"Check signature failed for accessKey={ak}"
         try:
             needed = needed_perms(cmd)
@@ -232,18 +215,18 @@ class PlainAcl:
         if not needed or (account.admin and not account.perms):
             return None
         for resource, perm in needed.items():
-            is_group = resource.startswith(RETRY_PREFIX)
+            is_group = resource.startswith(RETRY_GROUP_TOPIC_PREFIX)
             owned = account.perms.get(resource)
             if owned is None:
                 owned = account.default_group_perm if is_group else account.default_topic_perm
             if not check_permission(perm, owned):
-                what = f"group={resource[len(RETRY_PREFIX):]}" if is_group else f"topic={resource}"
+                what = f"group={resource[len(RETRY_GROUP_TOPIC_PREFIX):]}" if is_group else f"topic={resource}"
                 return f"No default permission for {what}"
         return None
 
 
 def _retry(group: str | None) -> str:
-    return RETRY_PREFIX + ("null" if group is None else group)  # Java's getRetryTopic(null)
+    return RETRY_GROUP_TOPIC_PREFIX + ("null" if group is None else group)  # Java's getRetryTopic(null)
 
 
 def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
@@ -252,30 +235,28 @@ def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
     code = cmd.code
     out: dict[str, int] = {}
     if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
-        v2 = code != RequestCode.SEND_MESSAGE
-        topic = ext.get("b" if v2 else "topic") or ""
-        if topic.startswith(RETRY_PREFIX):
-            out[_retry(ext.get("a" if v2 else "group"))] = SUB
+        v1 = code == RequestCode.SEND_MESSAGE
+        topic = ext.get(wire.TOPIC if v1 else wire.V2_TOPIC) or ""
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            # Java reads "group" from a V1 header, which has none: its retry sends need %RETRY%null.
+            out[_retry(ext.get(wire.GROUP if v1 else wire.V2_PRODUCER_GROUP))] = SUB
         else:
             out[topic] = PUB
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
-        out[_retry(ext.get("group"))] = SUB
-    elif code == RequestCode.PULL_MESSAGE:
-        out[ext.get("topic") or ""] = SUB
-        out[_retry(ext.get("consumerGroup"))] = SUB
+        out[_retry(ext.get(wire.GROUP))] = SUB
+    elif code in (RequestCode.PULL_MESSAGE, RequestCode.UPDATE_CONSUMER_OFFSET):
+        out[ext.get(wire.TOPIC) or ""] = SUB
+        out[_retry(ext.get(wire.CONSUMER_GROUP))] = SUB
     elif code == RequestCode.QUERY_MESSAGE:
-        out[ext.get("topic") or ""] = SUB
+        out[ext.get(wire.TOPIC) or ""] = SUB
     elif code == RequestCode.HEART_BEAT:
-        data = json.loads(bytes(cmd.body)) if cmd.body else {}
+        data = fastjson_loads(bytes(cmd.body)) if cmd.body else {}
         for consumer in data.get("consumerDataSet") or []:
             out[_retry(consumer.get("groupName"))] = SUB
             for sub in consumer.get("subscriptionDataSet") or []:
                 out[str(sub.get("topic"))] = SUB
     elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
-        out[_retry(ext.get("consumerGroup"))] = SUB
-    elif code == RequestCode.UPDATE_CONSUMER_OFFSET:
-        out[_retry(ext.get("consumerGroup"))] = SUB
-        out[ext.get("topic") or ""] = SUB
+        out[_retry(ext.get(wire.CONSUMER_GROUP))] = SUB
     return out
 
 

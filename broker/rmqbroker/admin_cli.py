@@ -9,39 +9,24 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from rmqbroker.acl import sign
-from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_keyed
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
+from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 
 TIMEOUT = 5.0
-# A MessageQueue where fastjson wrote it as a map key: the bare object, fields in name order.
-_MQ_KEY = re.compile(r'\{"brokerName":("(?:[^"\\]|\\.)*"),"queueId":(-?\d+),"topic":("(?:[^"\\]|\\.)*")\}:')
 
 
 class AdminError(Exception):
     """A request failed; the message says which and why."""
-
-
-def parse_mq_keyed(body: bytes) -> dict[str, Any]:
-    """A TopicStatsTable / ConsumeStats body with each MessageQueue key made a JSON array string
-    ``[topic, brokerName, queueId]``, so that the rest parses as (fastjson-flavoured) JSON."""
-    text = _MQ_KEY.sub(lambda m: json.dumps(json.dumps([json.loads(m[3]), json.loads(m[1]), int(m[2])])) + ":",
-                       body.decode("utf-8"))
-    result: dict[str, Any] = fastjson_loads(text)
-    return result
-
-
-def mq_of(key: str) -> tuple[str, str, int]:
-    topic, broker, qid = json.loads(key)
-    return str(topic), str(broker), int(qid)
 
 
 class Admin:
@@ -64,6 +49,15 @@ class Admin:
         if resp.code not in ok:
             raise AdminError(f"{addr}: request {code} failed with code {resp.code}: {resp.remark}")
         return resp
+
+    async def mq_table(self, addr: str, code: int, ext: dict[str, str]) -> tuple[dict[str, Any],
+                                                                                  dict[MessageQueue, Any]]:
+        """A TopicStatsTable / ConsumeStats answer: the document and its offsetTable by queue."""
+        resp = await self.call(addr, code, ext)
+        try:
+            return loads_mq_keyed(bytes(resp.body), "offsetTable")
+        except ValueError as exc:
+            raise AdminError(f"{addr}: unreadable answer to request {code}: {exc}") from exc
 
     async def namesrv_call(self, code: int, ext: dict[str, str] | None = None,
                            ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
@@ -96,7 +90,7 @@ class Admin:
         return out
 
     async def route_masters(self, topic: str) -> dict[str, str]:
-        resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic},
+        resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
                                        ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
         if resp.code != ResponseCode.SUCCESS or not resp.body:
             raise AdminError(f"topic {topic} has no route on the nameserver")
@@ -141,9 +135,9 @@ async def cluster_list(admin: Admin, args: argparse.Namespace) -> str:
 
 
 async def update_topic(admin: Admin, args: argparse.Namespace) -> str:
-    ext = {"topic": args.topic, "defaultTopic": "TBW102", "readQueueNums": str(args.read_queue_nums),
-           "writeQueueNums": str(args.write_queue_nums), "perm": str(args.perm), "topicFilterType": "SINGLE_TAG",
-           "topicSysFlag": "0", "order": str(args.order).lower()}
+    ext = {wire.TOPIC: args.topic, wire.DEFAULT_TOPIC: "TBW102", wire.READ_QUEUE_NUMS: str(args.read_queue_nums),
+           wire.WRITE_QUEUE_NUMS: str(args.write_queue_nums), wire.PERM: str(args.perm),
+           wire.TOPIC_FILTER_TYPE: "SINGLE_TAG", wire.TOPIC_SYS_FLAG: "0", wire.ORDER: str(args.order).lower()}
     out = []
     for _name, addr in sorted((await admin.targets(args)).items()):
         await admin.call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
@@ -155,10 +149,11 @@ async def delete_topic(admin: Admin, args: argparse.Namespace) -> str:
     masters = await admin.masters(args.cluster)
     out = []
     for _name, addr in sorted(masters.items()):
-        await admin.call(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": args.topic})
+        await admin.call(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {wire.TOPIC: args.topic})
         out.append(f"delete topic [{args.topic}] from broker {addr} success.")
     for ns in admin.namesrvs:
-        await admin.call(ns, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": args.topic, "clusterName": args.cluster})
+        await admin.call(ns, RequestCode.DELETE_TOPIC_IN_NAMESRV, {wire.TOPIC: args.topic,
+                                                                  wire.CLUSTER_NAME: args.cluster})
         out.append(f"delete topic [{args.topic}] from NameServer {ns} success.")
     return "\n".join(out)
 
@@ -166,21 +161,19 @@ async def delete_topic(admin: Admin, args: argparse.Namespace) -> str:
 async def topic_status(admin: Admin, args: argparse.Namespace) -> str:
     rows = [["#Broker Name", "#QID", "#Min Offset", "#Max Offset", "#Last Updated"]]
     for _name, addr in sorted((await admin.route_masters(args.topic)).items()):
-        resp = await admin.call(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": args.topic})
-        table = parse_mq_keyed(bytes(resp.body)).get("offsetTable", {})
-        for key, v in sorted(table.items(), key=lambda kv: (mq_of(kv[0])[1], mq_of(kv[0])[2])):
-            _topic, broker, qid = mq_of(key)
+        _, table = await admin.mq_table(addr, RequestCode.GET_TOPIC_STATS_INFO, {wire.TOPIC: args.topic})
+        for (_topic, broker, qid), v in sorted(table.items()):
             rows.append([broker, str(qid), str(v["minOffset"]), str(v["maxOffset"]), _when(v["lastUpdateTimestamp"])])
     return _table(rows)
 
 
 async def update_sub_group(admin: Admin, args: argparse.Namespace) -> str:
-    body = json.dumps({
-        "groupName": args.group, "consumeEnable": args.consume_enable, "consumeFromMinEnable": args.from_min,
-        "consumeBroadcastEnable": args.broadcast, "retryQueueNums": args.retry_queue_nums,
-        "retryMaxTimes": args.retry_max_times, "brokerId": args.broker_id,
-        "whichBrokerWhenConsumeSlowly": args.which_broker, "notifyConsumerIdsChangedEnable": args.notify,
-    }).encode()
+    body = json.dumps(SubscriptionGroupConfig(
+        group_name=args.group, consume_enable=args.consume_enable, consume_from_min_enable=args.from_min,
+        consume_broadcast_enable=args.broadcast, retry_queue_nums=args.retry_queue_nums,
+        retry_max_times=args.retry_max_times, broker_id=args.broker_id,
+        which_broker_when_consume_slowly=args.which_broker, notify_consumer_ids_changed_enable=args.notify,
+    ).to_json_obj()).encode()
     out = []
     for _name, addr in sorted((await admin.targets(args)).items()):
         await admin.call(addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
@@ -192,22 +185,21 @@ async def delete_sub_group(admin: Admin, args: argparse.Namespace) -> str:
     out = []
     for _name, addr in sorted((await admin.targets(args)).items()):
         await admin.call(addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
-                         {"groupName": args.group, "removeOffset": str(args.remove_offset).lower()})
+                         {wire.GROUP_NAME: args.group, wire.REMOVE_OFFSET: str(args.remove_offset).lower()})
         out.append(f"delete subscription group [{args.group}] from broker [{addr}] success.")
     return "\n".join(out)
 
 
 async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
     brokers = await admin.route_masters(args.topic) if args.topic else await admin.masters(None)
-    ext = {"consumerGroup": args.group, **({"topic": args.topic} if args.topic else {})}
+    ext = {wire.CONSUMER_GROUP: args.group, **({wire.TOPIC: args.topic} if args.topic else {})}
     rows = [["#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime"]]
     tps = 0.0
     total = 0
     for _name, addr in sorted(brokers.items()):
-        stats = parse_mq_keyed(bytes((await admin.call(addr, RequestCode.GET_CONSUME_STATS, ext)).body))
+        stats, table = await admin.mq_table(addr, RequestCode.GET_CONSUME_STATS, ext)
         tps += float(stats.get("consumeTps", 0.0))
-        for key, v in sorted(stats.get("offsetTable", {}).items(), key=lambda kv: mq_of(kv[0])):
-            topic, broker, qid = mq_of(key)
+        for (topic, broker, qid), v in sorted(table.items()):
             diff = int(v["brokerOffset"]) - int(v["consumerOffset"])
             total += diff
             rows.append([topic, broker, str(qid), str(v["brokerOffset"]), str(v["consumerOffset"]), str(diff),

@@ -4,27 +4,23 @@ MessageQueue objects as map keys, and figures that follow what was sent, committ
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from typing import Any
 
+from rmqbroker.metadata.jsonfile import MessageQueue, loads_mq_keyed
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
 from tests.integration.helpers import create_topic, rpc, send_raw
 
 TOPIC = "StatsTopic"
-# fastjson writes a MessageQueue map key as the bare object, fields in name order, no spaces.
-MQ_KEY = re.compile(r'\{"brokerName":("[^"]*"),"queueId":(\d+),"topic":("[^"]*")\}:')
+Q0: MessageQueue = (TOPIC, "broker-s", 0)
+Q1: MessageQueue = (TOPIC, "broker-s", 1)
 
 
-def parse(body: bytes) -> dict[str, Any]:
-    """The body with each MessageQueue key turned into a "topic|queueId|brokerName" string key; the
-    parse fails if any key is not in fastjson's exact form."""
-    text = MQ_KEY.sub(lambda m: json.dumps(f"{json.loads(m[3])}|{m[2]}|{json.loads(m[1])}") + ":",
-                      body.decode("utf-8"))
-    result: dict[str, Any] = json.loads(text)
-    return result
+def parse(body: bytes) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
+    """The document and its offsetTable by queue; the parse fails if any key is not in fastjson's
+    exact form (the bare MessageQueue object, fields in name order, no spaces)."""
+    return loads_mq_keyed(body, "offsetTable")
 
 
 def test_topic_stats_and_consumer_progress(cluster: Cluster) -> None:
@@ -37,20 +33,20 @@ def test_topic_stats_and_consumer_progress(cluster: Cluster) -> None:
 
     stats = rpc(broker.addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
     assert stats.code == ResponseCode.SUCCESS, stats
-    table = parse(stats.body)["offsetTable"]
-    assert set(table) == {f"{TOPIC}|0|broker-s", f"{TOPIC}|1|broker-s"}
-    q0, q1 = table[f"{TOPIC}|0|broker-s"], table[f"{TOPIC}|1|broker-s"]
+    _, table = parse(stats.body)
+    assert set(table) == {Q0, Q1}
+    q0, q1 = table[Q0], table[Q1]
     assert (q0["minOffset"], q0["maxOffset"]) == (0, 3) and t0 <= q0["lastUpdateTimestamp"] <= t1
     assert q1 == {"lastUpdateTimestamp": 0, "maxOffset": 0, "minOffset": 0}
     missing = rpc(broker.addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "NoSuchTopic"})
     assert missing.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuchTopic" in (missing.remark or "")
 
-    def progress(**ext: str) -> dict[str, Any]:
+    def progress(**ext: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
         resp = rpc(broker.addr, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "CG_STATS", **ext})
         assert resp.code == ResponseCode.SUCCESS, resp
         return parse(resp.body)
 
-    assert progress() == {"consumeTps": 0.0, "offsetTable": {}}  # no offsets committed yet
+    assert progress() == ({"consumeTps": 0.0, "offsetTable": {}}, {})  # no offsets committed yet
     assert rpc(broker.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
         "consumerGroup": "CG_STATS", "topic": TOPIC, "queueId": "0", "commitOffset": "2"}).code == 0
     pulled = rpc(broker.addr, RequestCode.PULL_MESSAGE, {
@@ -59,12 +55,12 @@ def test_topic_stats_and_consumer_progress(cluster: Cluster) -> None:
     assert pulled.code == ResponseCode.SUCCESS, pulled
 
     for ext in ({}, {"topic": TOPIC}):
-        body = progress(**ext)
+        body, table = progress(**ext)
         assert body["consumeTps"] == 3 / 60  # three messages pulled within the last minute
-        q0, q1 = body["offsetTable"][f"{TOPIC}|0|broker-s"], body["offsetTable"][f"{TOPIC}|1|broker-s"]
+        q0, q1 = table[Q0], table[Q1]
         assert (q0["brokerOffset"], q0["consumerOffset"]) == (3, 2)
         assert t0 <= q0["lastTimestamp"] <= t1  # store time of the last consumed message (offset 1)
         assert q1 == {"brokerOffset": 0, "consumerOffset": 0, "lastTimestamp": 0}
-    assert progress(topic="NoSuchTopic")["offsetTable"] == {}
+    assert progress(topic="NoSuchTopic")[1] == {}
     header = rpc(broker.addr, RequestCode.GET_CONSUME_STATS, {"topic": TOPIC})
     assert header.code == ResponseCode.SYSTEM_ERROR and "consumerGroup" in (header.remark or ""), header

@@ -141,14 +141,17 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             keys = list(self._table)
         return {p[0] for p in map(split_offset_key, keys) if p is not None and p[1] == group}
 
-    def remove_offsets(self, group: str, topic: str | None = None) -> bool:
-        """Forget ``group``'s offsets (on one topic, or on all); True if anything was removed."""
+    def remove_offsets(self, group: str | None = None, topic: str | None = None) -> bool:
+        """Forget the offsets of ``group`` and/or on ``topic`` (a group on one topic, a group on all,
+        or every group on a deleted topic); True if anything was removed."""
+        if group is None and topic is None:
+            raise ValueError("remove_offsets needs a group or a topic")
         with self._lock:
             doomed = [
                 key
                 for key in self._table
                 if (parts := split_offset_key(key)) is not None
-                and parts[1] == group
+                and (group is None or parts[1] == group)
                 and (topic is None or parts[0] == topic)
             ]
             for key in doomed:
@@ -156,7 +159,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             if doomed:
                 self._mark_changed_locked()
         if doomed:
-            log.info("removed offsets of group %s (topic %s): %s", group, topic or "*", doomed)
+            log.info("removed offsets of group %s on topic %s: %s", group or "*", topic or "*", doomed)
         return bool(doomed)
 
     def clone_offset(self, src_group: str, dst_group: str, topic: str) -> bool:

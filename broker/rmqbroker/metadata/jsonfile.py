@@ -96,6 +96,40 @@ def fastjson_loads(text: str | bytes) -> Any:
             raise MetadataFormatError(f"invalid JSON: {exc}") from exc
 
 
+# A MessageQueue where fastjson writes it as a map key (TopicStatsTable, ConsumeStats): the bare
+# object, fields in name order. Not valid JSON; every RocketMQ client parses it.
+MessageQueue = tuple[str, str, int]  # (topic, brokerName, queueId)
+_MQ_KEY = re.compile(r'\{"brokerName":("(?:[^"\\]|\\.)*"),"queueId":(-?\d+),"topic":("(?:[^"\\]|\\.)*")\}:')
+
+
+def mq_key(broker_name: str, topic: str, queue_id: int) -> str:
+    """The map key fastjson writes for a MessageQueue."""
+    return f'{{"brokerName":{json.dumps(broker_name)},"queueId":{queue_id},"topic":{json.dumps(topic)}}}'
+
+
+def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
+    """A body whose ``table`` member is keyed by MessageQueue objects: the document, and that table
+    keyed by ``(topic, brokerName, queueId)``. Raises :class:`MetadataFormatError` when a key is not
+    in fastjson's exact form."""
+    queues: list[MessageQueue] = []
+
+    def placeholder(m: re.Match[str]) -> str:
+        queues.append((json.loads(m[3]), json.loads(m[1]), int(m[2])))
+        return f'"{len(queues) - 1}":'
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetadataFormatError("not valid UTF-8") from exc
+    doc = fastjson_loads(_MQ_KEY.sub(placeholder, text))
+    if not isinstance(doc, dict) or not isinstance(doc.get(table, {}), dict):
+        raise MetadataFormatError(f"no {table} object")
+    try:
+        return doc, {queues[int(k)]: v for k, v in doc.get(table, {}).items()}
+    except (ValueError, IndexError) as exc:  # a key that was not a MessageQueue
+        raise MetadataFormatError(f"{table}: a key is not a MessageQueue") from exc
+
+
 def to_json_text(obj: Any, *, pretty: bool) -> str:
     """Serialise like fastjson: compact ``"k":v`` separators, tab-indented when pretty, UTF-8 kept raw."""
     if pretty:

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 
-from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.jsonfile import fastjson_loads, mq_key
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
     MULTI_TAG,
@@ -22,11 +22,10 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
-from rmqbroker.remoting.wire import BadRequestError, Header
+from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 
 BROKER_VERSION_DESC = "V4_9_8"
 GROUP_MAX_LENGTH = 255
-INT32_MAX = 2**31 - 1
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
 
@@ -41,21 +40,15 @@ def validate_group(name: str) -> str | None:
     return None
 
 
-def mq_key(broker_name: str, topic: str, queue_id: int) -> str:
-    """A MessageQueue as fastjson writes it where it is a map key: the object itself, unquoted.
-    Not valid JSON, but what every RocketMQ client expects in TopicStatsTable and ConsumeStats."""
-    return f'{{"brokerName":{json.dumps(broker_name)},"queueId":{queue_id},"topic":{json.dumps(topic)}}}'
-
-
 def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
-    """Numbers a group config cannot have: counts and broker ids are non-negative Java ints."""
-    for name, value, lo in (("retryQueueNums", cfg.retry_queue_nums, 0), ("retryMaxTimes", cfg.retry_max_times, -1),
-                            ("brokerId", cfg.broker_id, 0),
-                            ("whichBrokerWhenConsumeSlowly", cfg.which_broker_when_consume_slowly, 0)):
-        if not lo <= value <= INT32_MAX:
-            return f"{name} must be in [{lo}, {INT32_MAX}], got {value}"
-    if cfg.retry_queue_nums > 1024:
-        return f"retryQueueNums must be in [0, 1024], got {cfg.retry_queue_nums}"
+    """Numbers a group config cannot have: counts and broker ids are non-negative Java ints, and a
+    retry topic has at most 1024 queues like any topic."""
+    for name, value, lo, hi in (("retryQueueNums", cfg.retry_queue_nums, 0, 1024),
+                                ("retryMaxTimes", cfg.retry_max_times, -1, INT32_MAX),
+                                ("brokerId", cfg.broker_id, 0, INT32_MAX),
+                                ("whichBrokerWhenConsumeSlowly", cfg.which_broker_when_consume_slowly, 0, INT32_MAX)):
+        if not lo <= value <= hi:
+            return f"{name} must be in [{lo}, {hi}], got {value}"
     return None
 
 
@@ -212,9 +205,7 @@ class AdminProcessor:
             await ctx.topics.persist_async()
             ctx.register_now()
         await ctx.store.delete_topic_queues(topic)
-        removed = [group for group in sorted(ctx.offsets.which_groups_by_topic(topic))
-                   if ctx.offsets.remove_offsets(group, topic)]
-        if removed:
+        if ctx.offsets.remove_offsets(topic=topic):
             await ctx.offsets.persist_async()
         return cmd.make_response(ResponseCode.SUCCESS)
 

@@ -36,9 +36,11 @@ BATCH = "batch"
 BNAME = "bname"
 
 # SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE abbreviate the V1 names to single letters.
+V2_PRODUCER_GROUP = "a"
+V2_TOPIC = "b"
 SEND_V2_TO_V1: dict[str, str] = {
-    "a": PRODUCER_GROUP,
-    "b": TOPIC,
+    V2_PRODUCER_GROUP: PRODUCER_GROUP,
+    V2_TOPIC: TOPIC,
     "c": DEFAULT_TOPIC,
     "d": DEFAULT_TOPIC_QUEUE_NUMS,
     "e": QUEUE_ID,
@@ -89,6 +91,12 @@ ORDER = "order"
 GROUP_NAME = "groupName"
 REMOVE_OFFSET = "removeOffset"
 CLEAN_OFFSET = "cleanOffset"
+
+# --- plain ACL (SessionCredentials): added by a signing client; the signature covers every other
+# field but the unique-key query flag ---
+ACCESS_KEY = "AccessKey"
+SIGNATURE = "Signature"
+UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
 # --- nameserver registration ---
 BROKER_NAME = "brokerName"

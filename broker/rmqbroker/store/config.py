@@ -86,6 +86,10 @@ class StoreConfig:
         return self.store_path_root_dir / "abort"
 
     @property
+    def deleted_topics_path(self) -> Path:
+        return self.store_path_root_dir / "deletedTopics.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.store_path_root_dir / "lock"
 

@@ -427,7 +427,7 @@ class MessageStore:
         self.commitlog = CommitLog(self.config.commit_log_dir, self.config.mapped_file_size_commit_log)
         self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
         self._cqs = {}
-        self._deleted = deleted_topics.load(self.config.store_path_root_dir / deleted_topics.FILE_NAME)
+        self._deleted = deleted_topics.load(self.config.deleted_topics_path)
         self.checkpoint.load()
         self.commitlog.load()
         damaged_ends: list[int] = []
@@ -1253,14 +1253,11 @@ class MessageStore:
         log.warning("truncating the commitlog from %d to %d", self.commitlog.max_offset(), phy_offset)
         self.commitlog.truncate_to(phy_offset)
         end = self.commitlog.max_offset()
-        moved = False
-        for topic, deleted_end in list(self._deleted.items()):
-            # Offsets past the cut will hold another log's records (the new master's).
-            if deleted_end > end:
-                self._deleted[topic] = end
-                moved = True
-        if moved:
-            deleted_topics.save(self.config.store_path_root_dir / deleted_topics.FILE_NAME, dict(self._deleted))
+        # Offsets past the cut will hold another log's records (the new master's).
+        clamped = {topic: min(deleted_end, end) for topic, deleted_end in self._deleted.items()}
+        if clamped != self._deleted:
+            self._deleted = clamped
+            deleted_topics.save(self.config.deleted_topics_path, clamped)
         table = self.commitlog.topic_queue_table
         for topic, queues in self._cqs.items():
             for qid, cq in queues.items():
@@ -1279,12 +1276,10 @@ class MessageStore:
         async with self._cq_io:
             # First where its records end, durably: a crash after this point cannot bring the
             # queues back (re-dispatch skips those records), whatever the files still hold.
-            end = max(self._deleted.get(topic, 0), self.commitlog.max_offset())
+            end = self.commitlog.max_offset()
             if self._deleted.get(topic) != end:
                 self._deleted[topic] = end
-                table = dict(self._deleted)
-                await asyncio.to_thread(deleted_topics.save,
-                                        self.config.store_path_root_dir / deleted_topics.FILE_NAME, table)
+                await asyncio.to_thread(deleted_topics.save, self.config.deleted_topics_path, dict(self._deleted))
             if topic not in self._cqs:
                 return False
             self.delete_consume_queue(topic)

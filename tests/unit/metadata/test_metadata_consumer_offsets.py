@@ -100,6 +100,10 @@ def test_helpers(config_dir: Path) -> None:
     assert mgr.remove_offsets("G1")
     assert not mgr.remove_offsets("G1")
     assert mgr.dirty
+    assert mgr.remove_offsets(topic="T1")  # every group's offsets on a deleted topic
+    assert mgr.which_groups_by_topic("T1") == set() and not mgr.remove_offsets(topic="T1")
+    with pytest.raises(ValueError):
+        mgr.remove_offsets()
 
 
 def test_merge_all_replaces_per_key(config_dir: Path) -> None:

@@ -19,6 +19,8 @@ from rmqbroker.metadata.jsonfile import (
     fastjson_loads,
     load_decoded_with_backup,
     load_with_backup,
+    loads_mq_keyed,
+    mq_key,
     to_json_text,
 )
 
@@ -260,3 +262,15 @@ def test_decoder_rejection_counts_as_corrupt(tmp_path: Path) -> None:
         return obj
 
     assert load_decoded_with_backup(path, decode) == {"ok": True}
+
+
+def test_message_queue_keyed_tables_round_trip_and_refuse_other_keys() -> None:
+    body = ('{"consumeTps":0.5,"offsetTable":{' + mq_key("b", "T", 0) + ':{"x":1},' + mq_key("b", 'T"q', 1)
+            + ':{"x":2}}}').encode()
+    assert body.startswith(b'{"consumeTps":0.5,"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:')
+    doc, table = loads_mq_keyed(body, "offsetTable")
+    assert doc["consumeTps"] == 0.5 and table == {("T", "b", 0): {"x": 1}, ('T"q', "b", 1): {"x": 2}}
+    for bad in (b'{"offsetTable":{"T@b":{"x":1}}}', b'{"offsetTable":{{"queueId":0,"topic":"T"}:1}}',
+                b'{"offsetTable":[]}', b"\xff"):
+        with pytest.raises(MetadataFormatError):
+            loads_mq_keyed(bad, "offsetTable")
