@@ -89,6 +89,15 @@ class Admin:
                 out[name] = addr
         return out
 
+    async def brokers(self, cluster: str) -> list[str]:
+        """Every broker address of a cluster, masters and slaves."""
+        info = await self.cluster_info()
+        names = info.get("clusterAddrTable", {}).get(cluster, [])
+        if not names:
+            raise AdminError(f"cluster {cluster} not found on the nameserver")
+        table = info.get("brokerAddrTable", {})
+        return sorted(addr for name in names for addr in table.get(name, {}).get("brokerAddrs", {}).values())
+
     async def route_masters(self, topic: str) -> dict[str, str]:
         resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
                                        ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
@@ -207,6 +216,15 @@ async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
     return f"{_table(rows)}\n\nConsume TPS: {tps:.2f}\nDiff Total: {total}"
 
 
+async def delete_expired_commit_log(admin: Admin, args: argparse.Namespace) -> str:
+    addrs = [args.broker] if args.broker else await admin.brokers(args.cluster)
+    out = []
+    for addr in addrs:
+        resp = await admin.call(addr, RequestCode.DELETE_EXPIRED_COMMITLOG)
+        out.append(f"{addr}: {resp.remark or 'success'}")
+    return "\n".join(out)
+
+
 COMMANDS = {
     "clusterList": (cluster_list, "list the brokers of every cluster"),
     "updateTopic": (update_topic, "create or update a topic on a broker or on every master of a cluster"),
@@ -215,6 +233,8 @@ COMMANDS = {
     "updateSubGroup": (update_sub_group, "create or update a consumer group"),
     "deleteSubGroup": (delete_sub_group, "delete a consumer group (and with -r its offsets)"),
     "consumerProgress": (consumer_progress, "a consumer group's progress and lag per queue"),
+    "deleteExpiredCommitLog": (delete_expired_commit_log, "delete commitlog segments older than fileReservedTime "
+                               "now, on one broker or every broker of a cluster"),
 }
 
 
@@ -230,7 +250,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
-    for name in ("updateTopic", "updateSubGroup", "deleteSubGroup"):
+    for name in ("updateTopic", "updateSubGroup", "deleteSubGroup", "deleteExpiredCommitLog"):
         target = parsers[name].add_mutually_exclusive_group(required=True)
         target.add_argument("-b", "--brokerAddr", dest="broker", help="one broker, host:port")
         target.add_argument("-c", "--clusterName", dest="cluster", help="every master of this cluster")

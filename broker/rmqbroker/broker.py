@@ -36,6 +36,7 @@ from rmqbroker.schedule import ScheduleMessageService
 from rmqbroker.store.config import StoreConfig, parse_delay_levels
 from rmqbroker.store.consume_queue import UNIT
 from rmqbroker.store.message_store import MessageStore
+from rmqbroker.store.retention import CleanService, RetentionConfig, parse_delete_when
 
 log = logging.getLogger(__name__)
 # How often the ACL file is checked for changes (s).
@@ -59,6 +60,19 @@ def store_config(s: BrokerSettings) -> StoreConfig:
         store_host=(s.host_ip, s.listenPort),
         check_crc_on_recover=s.checkCRCOnRecover,
         broker_role=s.brokerRole,
+    )
+
+
+def retention_config(s: BrokerSettings) -> RetentionConfig:
+    return RetentionConfig(
+        file_reserved_time_hours=s.fileReservedTime,
+        delete_when=parse_delete_when(s.deleteWhen),
+        disk_max_used_space_ratio=s.diskMaxUsedSpaceRatio,
+        disk_space_warning_level_ratio=s.diskSpaceWarningLevelRatio,
+        disk_space_clean_forcibly_ratio=s.diskSpaceCleanForciblyRatio,
+        clean_file_forcibly_enable=s.cleanFileForciblyEnable,
+        clean_resource_interval_ms=s.cleanResourceInterval,
+        delete_commit_log_files_interval_ms=s.deleteCommitLogFilesInterval,
     )
 
 
@@ -88,8 +102,9 @@ class Broker:
         self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker")
         self.send = SendMessageProcessor(self.ctx)
         self.pull = PullMessageProcessor(self.ctx)
+        self.cleaner = CleanService(self.store, retention_config(settings))
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
-                     AdminProcessor(self.ctx)):
+                     AdminProcessor(self.ctx, cleaner=self.cleaner)):
             proc.register(self.server)
         if settings.aclEnable:
             try:
@@ -119,7 +134,7 @@ class Broker:
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
         self.registry = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels,
-                                       self.server.latency)
+                                       self.server.latency, self._counters)
         self.admin: AdminServer | None = None
         if settings.adminListenPort:
             token = settings.admin_token() or load_or_create_token(settings.store_root / "config" / ADMIN_TOKEN_FILE)
@@ -141,6 +156,17 @@ class Broker:
             "topics": len(self.topics),
             "pull_requests_held": self.pull.holds.held_count,
             "remoting_connections_open": self.server.stats.connections_open,
+            "disk_used_ratio": self.cleaner.last_ratio,
+            "disk_full": float(self.store.disk_full),
+        }
+
+    def _counters(self) -> dict[str, tuple[str, float]]:
+        c = self.cleaner
+        return {
+            "retention_commitlog_files_deleted": ("Commitlog segments deleted by retention",
+                                                  c.commitlog_files_deleted),
+            "retention_consume_queue_files_deleted": ("Consume-queue files deleted by retention",
+                                                      c.consume_queue_files_deleted),
         }
 
     def status(self) -> dict[str, Any]:
@@ -156,6 +182,7 @@ class Broker:
             "maxPhyOffset": self.store.max_phy_offset(),
             "minPhyOffset": self.store.min_phy_offset(),
             "flushedPhyOffset": self.store.flushed_phy_offset(),
+            "retention": self.cleaner.status(),
             "topics": len(self.topics),
             "dataVersions": {
                 "topics": self.topics.data_version.to_json_obj(),
@@ -224,6 +251,9 @@ class Broker:
         if watcher is not None and (fresh := await asyncio.to_thread(watcher.load_if_changed)) is not None:
             watcher.apply(fresh)
 
+    async def _clean_files(self) -> None:
+        await self.cleaner.run_once()
+
     async def _scan_clients(self) -> None:
         self.clients.scan_expired(self.settings.clientChannelExpiredMillis / 1000)
 
@@ -242,6 +272,7 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
+        sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files)
         if self.acl_watcher is not None:
             sup.every("acl-reload", ACL_RELOAD_SECONDS, self._reload_acl)
         await self.replication.start()

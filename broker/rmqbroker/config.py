@@ -23,6 +23,7 @@ from typing import Any
 from rmqbroker.store.config import DEFAULT_MESSAGE_DELAY_LEVEL as DEFAULT_DELAY_LEVELS
 from rmqbroker.store.config import parse_delay_levels
 from rmqbroker.store.message_store import ROLES
+from rmqbroker.store.retention import parse_delete_when
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,16 @@ class BrokerSettings:
     slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
     slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))
     checkCRCOnRecover: bool = field(default=True, metadata=_key("checkCRCOnRecover"))
-    # Accepted for compatibility with RocketMQ's sample files; retention is not implemented yet.
+    # Retention (store/retention.py): hours of the day to delete expired files, and their age in hours.
     deleteWhen: str = field(default="04", metadata=_key("deleteWhen"))
     fileReservedTime: int = field(default=72, metadata=_key("fileReservedTime"))
+    diskMaxUsedSpaceRatio: int = field(default=75, metadata=_key("diskMaxUsedSpaceRatio"))
+    # Java 4.x reads these two from JVM properties (as fractions); 5.x made them percent keys.
+    diskSpaceWarningLevelRatio: int = field(default=90, metadata=_key("diskSpaceWarningLevelRatio"))
+    diskSpaceCleanForciblyRatio: int = field(default=85, metadata=_key("diskSpaceCleanForciblyRatio"))
+    cleanFileForciblyEnable: bool = field(default=True, metadata=_key("cleanFileForciblyEnable"))
+    cleanResourceInterval: int = field(default=10000, metadata=_key("cleanResourceInterval"))
+    deleteCommitLogFilesInterval: int = field(default=100, metadata=_key("deleteCommitLogFilesInterval"))
 
     # -- derived values --
     @property
@@ -286,6 +294,24 @@ def _validate(s: BrokerSettings) -> None:
         parse_delay_levels(s.messageDelayLevel)
     except ValueError as exc:
         raise ConfigError(f"messageDelayLevel: {exc}") from exc
+    try:
+        parse_delete_when(s.deleteWhen)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if s.fileReservedTime <= 0:
+        raise ConfigError("fileReservedTime: must be a positive number of hours")
+    if not 10 <= s.diskMaxUsedSpaceRatio <= 95:
+        # Java clamps silently; a value outside is a typo worth an error.
+        raise ConfigError(f"diskMaxUsedSpaceRatio: {s.diskMaxUsedSpaceRatio} is outside 10-95 (percent)")
+    for key in ("diskSpaceWarningLevelRatio", "diskSpaceCleanForciblyRatio"):
+        if not 1 <= getattr(s, key) <= 100:
+            raise ConfigError(f"{key}: {getattr(s, key)} is outside 1-100 (percent)")
+    if s.diskSpaceCleanForciblyRatio > s.diskSpaceWarningLevelRatio:
+        raise ConfigError("diskSpaceCleanForciblyRatio: must not exceed diskSpaceWarningLevelRatio "
+                          "(a full disk is writable again once under the forced-clean ratio)")
+    for key in ("cleanResourceInterval", "deleteCommitLogFilesInterval"):
+        if getattr(s, key) < (1 if key == "cleanResourceInterval" else 0):
+            raise ConfigError(f"{key}: must be a positive number of milliseconds")
     if bool(s.aclAccessKey) != bool(s.aclSecretKey):
         raise ConfigError("aclAccessKey/aclSecretKey: set both or neither")
     _validate_addresses(s)

@@ -117,6 +117,16 @@ def test_cli_overrides_an_invalid_conf_value() -> None:
     ("namesrvAddr", "ns1:9876;ns2"),
     ("namesrvAddr", "ns1:9876;300.1.1.1:9876"),
     ("namesrvAddr", ";"),
+    ("deleteWhen", "4am"),
+    ("deleteWhen", "24"),
+    ("fileReservedTime", "0"),
+    ("diskMaxUsedSpaceRatio", "96"),
+    ("diskMaxUsedSpaceRatio", "9"),
+    ("diskSpaceWarningLevelRatio", "0"),
+    ("diskSpaceCleanForciblyRatio", "101"),
+    ("diskSpaceCleanForciblyRatio", "95"),
+    ("cleanResourceInterval", "0"),
+    ("cleanFileForciblyEnable", "1"),
 ])
 def test_invalid_values_are_fatal_and_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}: "):

@@ -18,10 +18,11 @@ class BrokerCollector(Collector):
     """Reads counters at scrape time."""
 
     def __init__(self, stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
-                 labels: dict[str, str]) -> None:
+                 labels: dict[str, str], counters: Callable[[], dict[str, tuple[str, float]]] | None = None) -> None:
         self.stats = stats
         self.remoting = remoting
         self.gauges = gauges
+        self.counters = counters
         self.labels = labels
 
     def collect(self) -> Iterator[Any]:
@@ -63,6 +64,8 @@ class BrokerCollector(Collector):
         for code, n in sorted(s.send_rejected.items()):
             rejected.add_metric([*values, str(code)], n)
         yield rejected
+        for name, (doc, total) in (self.counters() if self.counters is not None else {}).items():
+            yield counter(f"rmq_{name}", doc, total)
         for name, value in self.gauges().items():
             g = GaugeMetricFamily(f"rmq_{name}", name.replace("_", " "), labels=names)
             g.add_metric(values, value)
@@ -95,9 +98,11 @@ class LatencyHistogram(Collector):
 
 def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
                    labels: dict[str, str], latency_source: RequestLatency | None = None,
-                   ) -> CollectorRegistry:
-    """A registry with the counters collector and the request-latency histogram (by request code)."""
+                   counters: Callable[[], dict[str, tuple[str, float]]] | None = None) -> CollectorRegistry:
+    """A registry with the counters collector and the request-latency histogram (by request code).
+
+    ``counters`` adds counters kept outside :class:`BrokerStats` (name -> (help, total))."""
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(stats, remoting, gauges, labels))
+    registry.register(BrokerCollector(stats, remoting, gauges, labels, counters))
     registry.register(LatencyHistogram(labels, latency_source))
     return registry

@@ -183,6 +183,8 @@ class ReplicationController:
                 "listenPort": self.ha.port,
                 "slaves": self.ha.slaves_status(),
                 "replicationLagMs": self.ha.replication_lag_ms(),
+                "rejectedReports": self.ha.rejected_reports,
+                "slavesBehindRetention": self.ha.behind_retention,
                 "truncatedBytes": self.ha_client.truncated_bytes,
                 "aheadOfMasterBytes": self.ha_client.ahead_bytes,
                 "connects": self.ha_client.connects,

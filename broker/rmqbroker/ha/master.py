@@ -211,6 +211,15 @@ class HAConnection(asyncio.Protocol):
                         self.address, offset, max_offset)
             self.close()
             return
+        if self.request_offset < 0 and 0 < offset < store.min_phy_offset():
+            # Retention deleted what this slave needs next: no stream can continue its log.
+            svc.rejected_reports += 1
+            svc.behind_retention += 1
+            log.error("HA slave %s needs commitlog offset %d but this master's log starts at %d (older "
+                      "segments were deleted by retention); it cannot catch up: empty its store to "
+                      "replicate from %d", self.address, offset, store.min_phy_offset(), store.min_phy_offset())
+            self.close()
+            return
         self.last_ack_time = time.time()
         self.acked_offset = offset
         if self.request_offset < 0:
@@ -369,6 +378,8 @@ class HAService:
         self._pending_acks: collections.deque[tuple[int, float]] = collections.deque()
         self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self.rejected_reports = 0
+        # Slaves refused because their log ends before this master's oldest retained byte.
+        self.behind_retention = 0
         self.group_transfer = GroupTransferService(config.sync_timeout, config.slave_fallbehind_max)
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

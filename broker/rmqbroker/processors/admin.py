@@ -1,5 +1,5 @@
-"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208, 215 (reference
-§2.13, §2.14; 200-215 follow RocketMQ's AdminBrokerProcessor)."""
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208, 215, 329 (reference
+§2.13, §2.14; 200-215 and 329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
+from rmqbroker.store.retention import CleanService
 
 BROKER_VERSION_DESC = "V4_9_8"
 GROUP_MAX_LENGTH = 255
@@ -55,10 +56,12 @@ def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
 class AdminProcessor:
     """Topic administration, runtime info and the GET_ALL_* bodies a slave syncs from."""
 
-    def __init__(self, ctx: BrokerContext, runtime_info: Callable[[], dict[str, str]] | None = None) -> None:
+    def __init__(self, ctx: BrokerContext, runtime_info: Callable[[], dict[str, str]] | None = None,
+                 cleaner: CleanService | None = None) -> None:
         self.ctx = ctx
         self.boot_ms = int(time.time() * 1000)
         self._runtime_info = runtime_info
+        self._cleaner = cleaner
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
@@ -72,6 +75,19 @@ class AdminProcessor:
         server.register(RequestCode.GET_CONSUME_STATS, self.get_consume_stats)
         server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
+        if self._cleaner is not None:
+            server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
+
+    async def delete_expired_commitlog(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin deleteExpiredCommitLog: expired segments go now and in the next rounds, whatever
+        the hour in deleteWhen (segments younger than fileReservedTime stay, as in RocketMQ)."""
+        cleaner = self._cleaner
+        assert cleaner is not None
+        cleaner.request_manual_delete()
+        report = await cleaner.run_once()
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 f"deleted {report.commitlog_files_deleted} commitlog and "
+                                 f"{report.consume_queue_files_deleted} consume queue file(s)")
 
     async def update_and_create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         ctx = self.ctx

@@ -327,15 +327,49 @@ class ConsumeQueue:
         return None
 
     def correct_min_offset(self, min_phy: int) -> None:
-        """Move the min offset past units whose commitlog data no longer exists."""
-        logical = self.min_logic_offset
-        max_off = self.max_offset()
-        while logical < max_off:
-            unit = self.get_unit(logical)
+        """Move the min offset past units whose commitlog data no longer exists.
+
+        Physical offsets grow with logical ones, so this is a binary search for the first real
+        unit at or after ``min_phy`` (a file holds 300,000 units; walking them would stall the loop).
+        """
+        lo, hi = self.min_logic_offset, self.max_offset()
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.get_unit(mid)
             if unit is None or (unit[1] != BLANK_SIZE and unit[0] >= min_phy):
-                break
-            logical += 1
-        self.min_logic_offset = logical
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_logic_offset = max(self.min_logic_offset, lo)
+
+    def detach_files_below(self, min_phy: int) -> list[MappedFile]:
+        """Take out the leading files (never the last) whose units all point below ``min_phy``, the
+        commitlog's new start, and move the min offset past units whose records are gone.
+
+        The files are returned for the caller to destroy off the event loop (RocketMQ's
+        deleteExpiredFileByOffset + correctMinOffset).
+        """
+        files = self.mfq.files
+        n = 0
+        while n < len(files) - 1 and self._last_real_phy(files[n]) < min_phy:
+            n += 1
+        gone = files[:n]
+        if gone:
+            del files[:n]
+            self.min_logic_offset = max(self.min_logic_offset, files[0].file_from_offset // CQ_STORE_UNIT_SIZE)
+        self.correct_min_offset(min_phy)
+        return gone
+
+    @staticmethod
+    def _last_real_phy(mf: MappedFile) -> int:
+        """Commitlog offset of the file's last non-blank unit (-1 when it has none)."""
+        pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+        while pos >= 0:
+            phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
+            if size != BLANK_SIZE and size > 0:
+                return int(phy)
+            pos -= CQ_STORE_UNIT_SIZE
+        return -1
 
     # -- durability / lifecycle ------------------------------------------------------------------
     def is_dirty(self) -> bool:

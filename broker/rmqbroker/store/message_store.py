@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rmqbroker.store import deleted_topics
@@ -312,6 +313,10 @@ class MessageStore:
         self._in_memory_max = _physical_memory() * _ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO // 100
         self._running = False
         self._writable = False
+        # Set by the retention service while the disk is over its warning ratio: puts are refused.
+        self._disk_full = False
+        # Commitlog start the consume queues were last cleaned against (see clean_consume_queues).
+        self._cq_clean_min = 0
         # Runtime role (promotion/demotion changes it): a SLAVE refuses puts.
         self._role = config.broker_role
         self._stopping = False
@@ -357,7 +362,7 @@ class MessageStore:
         self._stop_event = asyncio.Event()
         self._stopping = False
         self._running = True
-        self._writable = self._role != SLAVE_ROLE
+        self._writable = self._role != SLAVE_ROLE and not self._disk_full
         self._tasks = [
             asyncio.create_task(self._commitlog_flusher(), name="store-commitlog-flush"),
             asyncio.create_task(self._consume_queue_flusher(), name="store-cq-flush"),
@@ -1185,7 +1190,16 @@ class MessageStore:
         if role not in ROLES:
             raise StoreConfigError(f"broker role must be one of {', '.join(ROLES)}, got {role!r}")
         self._role = role
-        self._writable = self._running and role != SLAVE_ROLE
+        self._writable = self._running and role != SLAVE_ROLE and not self._disk_full
+
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full
+
+    def set_disk_full(self, full: bool) -> None:
+        """The retention service's verdict on the disk: while full, puts get SERVICE_NOT_AVAILABLE."""
+        self._disk_full = full
+        self._writable = self._running and self._role != SLAVE_ROLE and not full
 
     def dispatched_phy_offset(self) -> int:
         """End of the last whole record in consume queues; always a record boundary.
@@ -1286,12 +1300,71 @@ class MessageStore:
         log.info("consume queues of deleted topic %s removed (its records end before %d)", topic, end)
         return True
 
+    # ============================================================================== retention ===
+    def deletable_commitlog_files(self) -> list[Path]:
+        """Segments retention may delete, oldest first: never the last one, and only wholly
+        written, flushed and dispatched ones (a slave's receiver and the flusher are done with them)."""
+        files = self.commitlog.mfq.files
+        safe_end = min(self._reput_offset, self.commitlog.flushed_offset(), self.commitlog.max_offset())
+        out: list[Path] = []
+        for mf in files[:-1]:
+            if mf.file_end_offset > safe_end:
+                break
+            out.append(mf.path)
+        return out
+
+    async def delete_first_commitlog_file(self, path: Path) -> bool:
+        """Delete the oldest segment if it is still ``path`` and still deletable; whether it went.
+
+        It leaves the queue on this thread, so no reader finds it any more; unmapping and unlinking
+        (slow for a large file) happen in a worker thread. Readers still holding a view keep the
+        mapping alive until they drop it; the HA sender works on duplicated descriptors.
+        """
+        deletable = self.deletable_commitlog_files()
+        if not deletable or deletable[0] != path:
+            return False
+        mfq = self.commitlog.mfq
+        mf = mfq.files.pop(0)
+        await asyncio.to_thread(mf.destroy)
+        return True
+
+    async def clean_consume_queues(self) -> int:
+        """Drop consume-queue files whose units all point below the commitlog's start and move every
+        queue's min offset past units whose records are gone; the number of files deleted.
+
+        Nothing to do while the commitlog's start has not moved since the last call.
+        """
+        min_phy = self.commitlog.min_offset()
+        if min_phy <= self._cq_clean_min:
+            return 0
+        gone: list[MappedFile] = []
+        async with self._cq_io:
+            for queues in self._cqs.values():
+                for cq in queues.values():
+                    gone.extend(cq.detach_files_below(min_phy))
+            if gone:
+                await asyncio.to_thread(_destroy_all, gone)
+        # Deleted topics whose records are all gone need no protection from re-dispatch any more.
+        kept = {topic: end for topic, end in self._deleted.items() if end > min_phy}
+        if kept != self._deleted:
+            self._deleted = kept
+            await asyncio.to_thread(deleted_topics.save, self.config.deleted_topics_path, dict(kept))
+        self._cq_clean_min = min_phy
+        if gone:
+            log.info("retention deleted %d consume-queue file(s) below commitlog offset %d", len(gone), min_phy)
+        return len(gone)
+
     def delete_consume_queue(self, topic: str) -> None:
         """Forget a topic's consume queues (files included) and its queue offsets."""
         queues = self._cqs.pop(topic, {})
         for qid, cq in queues.items():
             cq.destroy()
             self.commitlog.topic_queue_table.pop(f"{topic}-{qid}", None)
+
+
+def _destroy_all(files: list[MappedFile]) -> None:
+    for mf in files:
+        mf.destroy()
 
 
 def _expire(fut: asyncio.Future[bool]) -> None:

@@ -1,0 +1,133 @@
+"""File retention and disk-full protection on real processes with the stock C++ client.
+
+Expired commitlog segments are deleted on mqadmin's deleteExpiredCommitLog (329) through
+``rmq-admin``; a C++ push consumer whose committed offset points into deleted data is moved to
+the queue's new start by the broker and receives exactly the retained messages; a slave keeps
+its own files; an empty slave that joins later replicates from the master's new start; and a
+broker whose disk is over diskSpaceWarningLevelRatio refuses sends with SERVICE_NOT_AVAILABLE.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rmqbroker.admin_cli import main as rmq_admin
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.store.retention import disk_used_ratio
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    PushConsumer,
+    StreamProducer,
+    create_topic_and_wait,
+    metric_delta,
+    poll,
+    produce,
+    rpc,
+    send_raw,
+    wait_caught_up,
+)
+from tests.support.procs import BrokerProc
+
+SEG = 256 * 1024
+TOPIC = "RetentionTopic"
+GROUP = "CG_RETENTION"
+
+
+def off_hours() -> str:
+    return f"{(time.localtime().tm_hour + 12) % 24:02d}"
+
+
+def segment_paths(broker: BrokerProc) -> list[str]:
+    d = broker.store_dir / "commitlog"
+    return sorted(str(d / n) for n in os.listdir(d) if n.isdigit())
+
+
+def test_expired_segments_go_on_request_and_consumers_and_slaves_follow(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    conf = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536, "mappedFileSizeConsumeQueue": 20 * 50,
+            "deleteWhen": off_hours(), "cleanResourceInterval": 1000, "diskMaxUsedSpaceRatio": 95}
+    master = cluster.broker(ns.addr, name="broker-r", **conf)
+    slave = cluster.broker(ns.addr, name="broker-r", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    for qid in (0, 1):  # the group consumed nothing yet: its committed offsets are 0
+        assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": GROUP, "topic": TOPIC, "queueId": str(qid), "commitOffset": "0"}).code == 0
+
+    producer = StreamProducer(ns.addr, TOPIC, "ret", cluster.workdir / "retention-producer.jsonl",
+                              count=420, size=4000)
+    results = producer.results()
+    assert len(results) == 420 and all(r.get("status") == 0 for r in results), results[-1]
+    wait_caught_up(master, [slave])
+    files = segment_paths(master)
+    assert len(files) >= 6
+    old = time.time() - 100 * 3600
+    for path in files[:3]:
+        os.utime(path, (old, old))
+
+    # Off-hours and with room on the disk, the periodic rounds leave expired segments alone.
+    time.sleep(2.5)
+    assert master.status()["minPhyOffset"] == 0
+    before = master.metrics()
+    assert rmq_admin(["deleteExpiredCommitLog", "-n", ns.addr, "-b", master.addr]) == 0
+    assert "deleted 3 commitlog" in capsys.readouterr().out
+    status = master.status()
+    assert status["minPhyOffset"] == 3 * SEG
+    assert status["retention"]["commitLogFilesDeleted"] == 3
+    assert metric_delta(before, master.metrics(), "rmq_retention_commitlog_files_deleted_total") == 3
+    assert [os.path.exists(p) for p in files[:4]] == [False, False, False, True]
+    # The slave's copies are its own: recent, so kept.
+    assert slave.status()["minPhyOffset"] == 0
+
+    # Queue min offsets moved past the deleted records.
+    mins = {}
+    for qid in (0, 1):
+        resp = rpc(master.addr, RequestCode.GET_MIN_OFFSET, {"topic": TOPIC, "queueId": str(qid)})
+        mins[qid] = int(resp.ext_fields["offset"])
+        assert mins[qid] > 0
+    maxes = {qid: int(rpc(master.addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": str(qid)})
+                      .ext_fields["offset"]) for qid in (0, 1)}
+    retained = sum(maxes[q] - mins[q] for q in (0, 1))
+
+    # A consumer whose committed offset (0) points into deleted data starts at the queues' new start.
+    with PushConsumer(ns.addr, GROUP, TOPIC, log_dir=cluster.workdir) as consumer:
+        consumer.wait_started()
+        got = consumer.wait_count(retained, 60)
+        time.sleep(1.0)
+        got = consumer.messages
+    assert len(got) == retained
+    assert {(m["queue_id"], m["queue_offset"]) for m in got} == {
+        (q, o) for q in (0, 1) for o in range(mins[q], maxes[q])}
+    assert min(m["commit_log_offset"] for m in got) >= 3 * SEG
+
+    # An empty slave that joins now replicates from the master's first retained byte.
+    late = cluster.broker(ns.addr, name="broker-r", broker_id=2, role="SLAVE",
+                          haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    wait_caught_up(master, [late])
+    assert late.status()["minPhyOffset"] == 3 * SEG
+    for path in segment_paths(master):
+        name = os.path.basename(path)
+        with open(path, "rb") as a, open(late.store_dir / "commitlog" / name, "rb") as b:
+            assert a.read() == b.read(), name
+
+
+def test_a_full_disk_refuses_sends_with_service_not_available(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-f", diskSpaceWarningLevelRatio=1, diskSpaceCleanForciblyRatio=1,
+                            cleanResourceInterval=200)
+    used = disk_used_ratio(master.store_dir)
+    assert used > 0.01, f"this test needs a disk more than 1 % used (it is {used:.2%})"
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=1)
+    poll(lambda: master.status()["retention"]["diskFull"], 10, what="disk marked full")
+    max_before = master.status()["maxPhyOffset"]
+    resp = send_raw(master.addr, TOPIC, b"no room")
+    assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert "disk is full" in (resp.remark or "")
+    results = produce(ns.addr, [{"topic": TOPIC, "body": "also no room"}], keep_going=True)
+    assert results[0] is not None and "error" in results[0]
+    assert master.status()["maxPhyOffset"] == max_before
+    assert "rmq_disk_full{" in master.metrics() and master.status()["retention"]["diskUsedRatio"] > 0.01
