@@ -58,6 +58,14 @@ def test_expired_segments_go_on_request_and_consumers_and_slaves_follow(
         assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
             "consumerGroup": GROUP, "topic": TOPIC, "queueId": str(qid), "commitOffset": "0"}).code == 0
 
+    # A second slave replicates the first messages only, then stays down while retention runs.
+    stale = cluster.broker(ns.addr, name="broker-r", broker_id=3, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    assert all(r is not None and r["status"] == 0
+               for r in produce(ns.addr, [{"topic": TOPIC, "body": "x" * 1000}] * 30))
+    wait_caught_up(master, [stale])
+    stale.stop()
+
     producer = StreamProducer(ns.addr, TOPIC, "ret", cluster.workdir / "retention-producer.jsonl",
                               count=420, size=4000)
     results = producer.results()
@@ -103,6 +111,14 @@ def test_expired_segments_go_on_request_and_consumers_and_slaves_follow(
     assert {(m["queue_id"], m["queue_offset"]) for m in got} == {
         (q, o) for q in (0, 1) for o in range(mins[q], maxes[q])}
     assert min(m["commit_log_offset"] for m in got) >= 3 * SEG
+
+    # The stale slave's log ends before the master's first retained byte: it is refused with a reason
+    # (it would need the deleted segments), not fed a stream with a hole.
+    stale.start()
+    poll(lambda: master.status()["ha"]["slavesBehindRetention"] > 0, 15, what="stale slave refused")
+    assert stale.status()["maxPhyOffset"] < 3 * SEG
+    assert "deleted by retention" in master.log_text()
+    stale.stop()
 
     # An empty slave that joins now replicates from the master's first retained byte.
     late = cluster.broker(ns.addr, name="broker-r", broker_id=2, role="SLAVE",
