@@ -48,6 +48,9 @@ class BrokerView:
     # Bytes of the master's current epoch this slave holds beyond the master's end: the master
     # came back without them (an older disk) and the slave refuses to follow rather than cut them.
     ahead_of_master: int = 0
+    # The broker's disk (retention's last measurement; -1 unknown) and whether it refuses sends.
+    disk_used_ratio: float = -1.0
+    disk_full: bool = False
 
     @property
     def is_master(self) -> bool:
@@ -56,11 +59,14 @@ class BrokerView:
     @staticmethod
     def from_status(obj: Mapping[str, Any]) -> BrokerView:
         ha = obj.get("ha") or {}
+        retention = obj.get("retention") or {}
         return BrokerView(role=str(obj.get("role", "")), broker_id=int(obj.get("brokerId", -1)),
                           epoch=int(obj.get("epoch") or 0), max_offset=int(obj.get("maxPhyOffset") or 0),
                           ha_master=ha.get("masterAddress"), ha_connected=bool(ha.get("connected")),
                           connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")),
-                          ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0))
+                          ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0),
+                          disk_used_ratio=float(retention.get("diskUsedRatio", -1.0)),
+                          disk_full=retention.get("diskFull") is True)
 
 
 @dataclass(frozen=True)

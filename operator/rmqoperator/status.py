@@ -79,6 +79,10 @@ def replica_rows(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]
             row["role"] = p.broker.role
             row["maxPhyOffset"] = p.broker.max_offset
             row["epoch"] = p.broker.epoch
+            if p.broker.disk_used_ratio >= 0:
+                row["diskUsedPercent"] = round(p.broker.disk_used_ratio * 100, 1)
+            if p.broker.disk_full:
+                row["diskFull"] = True
             if name != master_pod:
                 lag = lag_bytes(p, mv)
                 if lag is not None:
@@ -117,6 +121,8 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     not_ready = [r["pod"] for r in rows if not r.get("ready")]
     lagging = [r["pod"] for r in slaves if not r.get("inSync")]
     ahead = [f"{r['pod']} ({r['aheadOfMasterBytes']} bytes)" for r in slaves if r.get("aheadOfMasterBytes")]
+    full = [f"{r['pod']} ({r.get('diskUsedPercent', '?')}% used)" for r in rows if r.get("diskFull")]
+    master_full = bool(master_row and master_row.get("diskFull"))
     out: list[Cond] = []
 
     # Ready: is the group serving as specified?
@@ -126,6 +132,9 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         out.append(Cond("Ready", False, "Creating", "no broker pod is running yet"))
     elif not master_ok:
         out.append(Cond("Ready", False, "MasterUnavailable", f"master {master_pod} is not serving"))
+    elif master_full:
+        out.append(Cond("Ready", False, "DiskFull", f"master {master_pod}'s disk is over diskSpaceWarningLevelRatio: "
+                                                    "sends are refused until retention frees space"))
     elif spec.replication == "SYNC" and slaves and not synced:
         out.append(Cond("Ready", False, "NoSyncSlave", "SYNC_MASTER has no in-sync slave: sends fail"))
     elif health.paused:
@@ -155,6 +164,9 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         # acknowledged sends is for the user to judge (promote that slave, or restore the disk).
         issues.append(f"master {master_pod} lost data its slave(s) still hold: {', '.join(ahead)}; "
                       "they refuse to follow it until one is promoted or the master's data is restored")
+    if full:
+        issues.append(f"disk full, sends refused: {', '.join(full)}; free space or grow the volume "
+                      "(retention deletes the oldest files first)")
     if state.pending_demotion:
         issues.append(f"former master(s) to demote when back: {', '.join(state.pending_demotion)}")
     if health.scale_note:
@@ -165,6 +177,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         reason = ("ScaleDownRefused" if health.scale_note else
                   "InvalidSpec" if health.invalid else
                   "MasterBehindSlave" if ahead else
+                  "DiskFull" if full else
                   "ReplicasNotReady" if not_ready else "Lagging" if lagging else "DemotionPending")
         out.append(Cond("Degraded", True, reason, "; ".join(issues)))
     else:

@@ -224,6 +224,29 @@ def test_a_slave_holding_what_the_master_lost_degrades_the_group() -> None:
     assert BrokerView.from_status({"role": "SLAVE", "ha": {"aheadOfMasterBytes": 7}}).ahead_of_master == 7
 
 
+def test_a_full_disk_is_reported_and_a_full_master_makes_the_group_unready() -> None:
+    def full(p: PodView, ratio: float) -> PodView:
+        assert p.broker is not None
+        return dataclasses.replace(p, broker=dataclasses.replace(p.broker, disk_used_ratio=ratio, disk_full=True))
+
+    views = pods(dataclasses.replace(master(2000), broker=BrokerView.from_status(
+        {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 3, "maxPhyOffset": 2000, "ha": {"slaves": [{}, {}]},
+         "retention": {"diskUsedRatio": 0.42, "diskFull": False}})), full(slave(1, 2000), 0.934), slave(2, 2000))
+    rows = replica_rows(SPEC, STATE, views)
+    assert rows[0]["diskUsedPercent"] == 42.0 and "diskFull" not in rows[0]
+    assert rows[1]["diskUsedPercent"] == 93.4 and rows[1]["diskFull"] is True
+    assert "diskUsedPercent" not in rows[2]  # a broker that reports no measurement
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert (conds["Ready"].status, conds["Ready"].reason) == (True, "Available")
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "DiskFull")
+    assert "g-1 (93.4% used)" in conds["Degraded"].message
+
+    views = pods(full(master(2000), 0.95), slave(1, 2000), slave(2, 2000))
+    conds = {c.type: c for c in conditions(SPEC, STATE, replica_rows(SPEC, STATE, views), Health())}
+    assert (conds["Ready"].status, conds["Ready"].reason) == (False, "DiskFull")
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "DiskFull")
+
+
 def test_last_transition_time_kept_while_status_unchanged() -> None:
     from rmqoperator.status import Cond
 
