@@ -23,6 +23,7 @@ COMPILED = [
     "broker/rmqbroker/store/record.py",
     "broker/rmqbroker/store/commitlog.py",
     "broker/rmqbroker/store/consume_queue.py",
+    "broker/rmqbroker/store/index.py",
     "broker/rmqbroker/store/mapped_file.py",
     "broker/rmqbroker/store/message_store.py",
 ]

@@ -1,6 +1,7 @@
 """``rmq-admin``: topic and consumer-group administration over the remoting protocol, named and
 optioned after RocketMQ's ``mqadmin`` (clusterList, updateTopic, deleteTopic, topicStatus,
-updateSubGroup, deleteSubGroup, consumerProgress), so that a broker group can be managed without a
+updateSubGroup, deleteSubGroup, consumerProgress, deleteExpiredCommitLog, queryMsgByKey,
+queryMsgById, queryMsgByUniqueKey), so that a broker group can be managed without a
 Java toolchain. It works against Java brokers too: only RocketMQ request codes are used."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.store.errors import CorruptRecordError, MessageIdError
+from rmqbroker.store.record import KEYS, UNIQ_KEY, MessageRecord, decode_offset_msg_id, decode_record, iter_records
 
 TIMEOUT = 5.0
 
@@ -97,6 +100,20 @@ class Admin:
             raise AdminError(f"cluster {cluster} not found on the nameserver")
         table = info.get("brokerAddrTable", {})
         return sorted(addr for name in names for addr in table.get(name, {}).get("brokerAddrs", {}).values())
+
+    async def route_readers(self, topic: str) -> dict[str, str]:
+        """brokerName -> the address a read goes to: the master, else a slave (selectBrokerAddr)."""
+        resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
+                                       ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
+        if resp.code != ResponseCode.SUCCESS or not resp.body:
+            raise AdminError(f"topic {topic} has no route on the nameserver")
+        out = {}
+        for b in fastjson_loads(bytes(resp.body)).get("brokerDatas", []):
+            addrs = b.get("brokerAddrs", {})
+            addr = addrs.get("0") or next((addrs[k] for k in sorted(addrs, key=int)), None)
+            if addr:
+                out[b["brokerName"]] = addr
+        return out
 
     async def route_masters(self, topic: str) -> dict[str, str]:
         resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
@@ -225,6 +242,81 @@ async def delete_expired_commit_log(admin: Admin, args: argparse.Namespace) -> s
     return "\n".join(out)
 
 
+async def _query(admin: Admin, topic: str, key: str, begin: int, end: int, unique: bool) -> list[MessageRecord]:
+    """QUERY_MESSAGE on every broker of the topic's route; the records that really hold ``key``."""
+    ext = {wire.TOPIC: topic, wire.KEY: key, wire.MAX_NUM: "64", wire.BEGIN_TIMESTAMP: str(begin),
+           wire.END_TIMESTAMP: str(end)}
+    if unique:
+        ext[wire.UNIQUE_KEY_QUERY] = "true"
+    found: list[MessageRecord] = []
+    for _name, addr in sorted((await admin.route_readers(topic)).items()):
+        resp = await admin.call(addr, RequestCode.QUERY_MESSAGE, ext, ok=(ResponseCode.SUCCESS,
+                                                                          ResponseCode.QUERY_NOT_FOUND))
+        if resp.code != ResponseCode.SUCCESS:
+            continue
+        try:
+            records = list(iter_records(bytes(resp.body)))
+        except CorruptRecordError as exc:
+            raise AdminError(f"{addr}: unreadable QUERY_MESSAGE body: {exc}") from exc
+        for rec in records:
+            # Index lookups are by hash: keep what matches, as RocketMQ's clients do.
+            if rec.properties.get(UNIQ_KEY) == key or (not unique and key in (rec.keys or "").split(" ")):
+                found.append(rec)
+    return found
+
+
+def _record_rows(records: list[MessageRecord]) -> str:
+    rows = [["#Message ID", "#QID", "#Offset", "#Store Time", "#Keys"]]
+    for rec in sorted(records, key=lambda r: (r.store_timestamp, r.queue_id, r.queue_offset)):
+        rows.append([rec.properties.get(UNIQ_KEY, "-"), str(rec.queue_id), str(rec.queue_offset),
+                     _when(rec.store_timestamp), rec.keys or "-"])
+    return _table(rows)
+
+
+def _describe(rec: MessageRecord, offset_msg_id: str) -> str:
+    props = {k: v for k, v in rec.properties.items() if k not in (UNIQ_KEY, KEYS, "TAGS")}
+    lines = [("OffsetID", offset_msg_id), ("Topic", rec.topic), ("Tags", rec.tags or "-"),
+             ("Keys", rec.keys or "-"), ("Queue ID", str(rec.queue_id)), ("Queue Offset", str(rec.queue_offset)),
+             ("CommitLog Offset", str(rec.physical_offset)), ("Reconsume Times", str(rec.reconsume_times)),
+             ("Born Timestamp", _when(rec.born_timestamp)), ("Store Timestamp", _when(rec.store_timestamp)),
+             ("Born Host", f"{rec.born_host[0]}:{rec.born_host[1]}"),
+             ("Store Host", f"{rec.store_host[0]}:{rec.store_host[1]}"), ("System Flag", str(rec.sys_flag)),
+             ("Properties", json.dumps(props, sort_keys=True)), ("Message ID", rec.properties.get(UNIQ_KEY, "-")),
+             ("Body Length", str(len(rec.body)))]
+    return "\n".join(f"{name + ':':<20}{value}" for name, value in lines)
+
+
+async def query_msg_by_key(admin: Admin, args: argparse.Namespace) -> str:
+    end = args.end if args.end is not None else int(time.time() * 1000) + 60_000
+    records = await _query(admin, args.topic, args.key, args.begin, end, unique=False)
+    if not records:
+        raise AdminError(f"no message of topic {args.topic} with key {args.key}")
+    return _record_rows(records)
+
+
+async def query_msg_by_unique_key(admin: Admin, args: argparse.Namespace) -> str:
+    records = await _query(admin, args.topic, args.msg_id, 0, (1 << 63) - 1, unique=True)
+    if not records:
+        raise AdminError(f"no message of topic {args.topic} with message id {args.msg_id}")
+    # Sent again after a failure, a message is stored twice under one id: show each copy.
+    return "\n\n".join(_describe(rec, "-") for rec in records)
+
+
+async def query_msg_by_id(admin: Admin, args: argparse.Namespace) -> str:
+    """By the broker's offset message id (SendResult.offsetMsgId): its store address and offset."""
+    try:
+        ip, port, phy = decode_offset_msg_id(args.msg_id)
+    except MessageIdError as exc:
+        raise AdminError(f"{exc} (for the client's message id use queryMsgByUniqueKey -t TOPIC)") from exc
+    addr = f"{ip}:{port}"
+    resp = await admin.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, {wire.OFFSET: str(phy)})
+    try:
+        rec = decode_record(bytes(resp.body), 0)
+    except CorruptRecordError as exc:
+        raise AdminError(f"{addr}: unreadable VIEW_MESSAGE_BY_ID body: {exc}") from exc
+    return _describe(rec, args.msg_id)
+
+
 COMMANDS = {
     "clusterList": (cluster_list, "list the brokers of every cluster"),
     "updateTopic": (update_topic, "create or update a topic on a broker or on every master of a cluster"),
@@ -235,6 +327,9 @@ COMMANDS = {
     "consumerProgress": (consumer_progress, "a consumer group's progress and lag per queue"),
     "deleteExpiredCommitLog": (delete_expired_commit_log, "delete commitlog segments older than fileReservedTime "
                                "now, on one broker or every broker of a cluster"),
+    "queryMsgByKey": (query_msg_by_key, "the messages of a topic with a key (KEYS), from the brokers' index"),
+    "queryMsgById": (query_msg_by_id, "one message by the broker's offset message id (SendResult.offsetMsgId)"),
+    "queryMsgByUniqueKey": (query_msg_by_unique_key, "one message by the client's message id (UNIQ_KEY)"),
 }
 
 
@@ -276,6 +371,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("-a", "--notifyConsumerIdsChanged", dest="notify", type=_bool, default=True)
     parsers["deleteSubGroup"].add_argument("-r", "--removeOffset", dest="remove_offset", type=_bool, default=False)
     parsers["consumerProgress"].add_argument("-t", "--topicName", dest="topic", default=None)
+    q = parsers["queryMsgByKey"]
+    q.add_argument("-t", "--topic", required=True)
+    q.add_argument("-k", "--msgKey", dest="key", required=True)
+    q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
+    q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
+    parsers["queryMsgById"].add_argument("-i", "--msgId", dest="msg_id", required=True)
+    u = parsers["queryMsgByUniqueKey"]
+    u.add_argument("-i", "--msgId", dest="msg_id", required=True)
+    u.add_argument("-t", "--topic", required=True)
     return p.parse_args(argv)
 
 

@@ -28,6 +28,7 @@ from rmqbroker.processors.clients import ClientManager
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.processors.offsets import OffsetProcessor
 from rmqbroker.processors.pull import PullMessageProcessor
+from rmqbroker.processors.query import QueryMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.remoting.server import RemotingServer
@@ -60,6 +61,9 @@ def store_config(s: BrokerSettings) -> StoreConfig:
         store_host=(s.host_ip, s.listenPort),
         check_crc_on_recover=s.checkCRCOnRecover,
         broker_role=s.brokerRole,
+        message_index_enable=s.messageIndexEnable,
+        max_hash_slot_num=s.maxHashSlotNum,
+        max_index_num=s.maxIndexNum,
     )
 
 
@@ -104,7 +108,7 @@ class Broker:
         self.pull = PullMessageProcessor(self.ctx)
         self.cleaner = CleanService(self.store, retention_config(settings))
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
-                     AdminProcessor(self.ctx, cleaner=self.cleaner)):
+                     AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx)):
             proc.register(self.server)
         if settings.aclEnable:
             try:

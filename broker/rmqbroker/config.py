@@ -93,6 +93,10 @@ class BrokerSettings:
     slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
     slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))
     checkCRCOnRecover: bool = field(default=True, metadata=_key("checkCRCOnRecover"))
+    # Index files for QUERY_MESSAGE (store/index.py); an index file is 40 + 4 * slots + 20 * entries bytes.
+    messageIndexEnable: bool = field(default=True, metadata=_key("messageIndexEnable"))
+    maxHashSlotNum: int = field(default=5000000, metadata=_key("maxHashSlotNum"))
+    maxIndexNum: int = field(default=20000000, metadata=_key("maxIndexNum"))
     # Retention (store/retention.py): hours of the day to delete expired files, and their age in hours.
     deleteWhen: str = field(default="04", metadata=_key("deleteWhen"))
     fileReservedTime: int = field(default=72, metadata=_key("fileReservedTime"))
@@ -298,6 +302,10 @@ def _validate(s: BrokerSettings) -> None:
         parse_delete_when(s.deleteWhen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if s.maxHashSlotNum <= 0:
+        raise ConfigError("maxHashSlotNum: must be positive")
+    if s.maxIndexNum <= 1:
+        raise ConfigError("maxIndexNum: must be above 1")
     if s.fileReservedTime <= 0:
         raise ConfigError("fileReservedTime: must be a positive number of hours")
     if not 10 <= s.diskMaxUsedSpaceRatio <= 95:

@@ -92,6 +92,14 @@ GROUP_NAME = "groupName"
 REMOVE_OFFSET = "removeOffset"
 CLEAN_OFFSET = "cleanOffset"
 
+# --- QUERY_MESSAGE (QueryMessageRequestHeader / QueryMessageResponseHeader) ---
+KEY = "key"
+MAX_NUM = "maxNum"
+BEGIN_TIMESTAMP = "beginTimestamp"
+END_TIMESTAMP = "endTimestamp"
+INDEX_LAST_UPDATE_TIMESTAMP = "indexLastUpdateTimestamp"
+INDEX_LAST_UPDATE_PHYOFFSET = "indexLastUpdatePhyoffset"
+
 # --- plain ACL (SessionCredentials): added by a signing client; the signature covers every other
 # field but the unique-key query flag ---
 ACCESS_KEY = "AccessKey"

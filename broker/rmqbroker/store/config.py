@@ -57,6 +57,10 @@ class StoreConfig:
     broker_role: str = "ASYNC_MASTER"
     # RocketMQ's offsetCheckInSlave: whether a slave corrects nextBeginOffset like a master.
     offset_check_in_slave: bool = False
+    # Index files (§4.5) for QUERY_MESSAGE: messageIndexEnable, maxHashSlotNum, maxIndexNum.
+    message_index_enable: bool = True
+    max_hash_slot_num: int = 5000000
+    max_index_num: int = 20000000
 
     def __post_init__(self) -> None:
         if self.mapped_file_size_consume_queue <= 0 or self.mapped_file_size_consume_queue % 20:
@@ -68,6 +72,8 @@ class StoreConfig:
                                    f"got {self.flush_disk_type!r}")
         if not self.message_delay_levels:
             raise StoreConfigError("message_delay_levels must not be empty")
+        if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
+            raise StoreConfigError("max_hash_slot_num must be positive and max_index_num above 1")
 
     @property
     def commit_log_dir(self) -> Path:
@@ -76,6 +82,10 @@ class StoreConfig:
     @property
     def consume_queue_dir(self) -> Path:
         return self.store_path_root_dir / "consumequeue"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.store_path_root_dir / "index"
 
     @property
     def checkpoint_path(self) -> Path:

@@ -27,12 +27,14 @@ from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.consume_queue import BLANK_SIZE, CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue
 from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreLockedError
+from rmqbroker.store.index import IndexFile, IndexService
 from rmqbroker.store.mapped_file import MappedFile
 from rmqbroker.store.record import (
     BLANK_MAGIC_CODE,
     DELAY,
     HEADER_SIZES,
     HOST_V6_MASK,
+    KEYS,
     MAX_PROPERTIES_LENGTH,
     MAX_TOPIC_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -43,6 +45,7 @@ from rmqbroker.store.record import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
+    UNIQ_KEY,
     WAIT,
     BatchEntry,
     check_record,
@@ -106,6 +109,10 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return 8 << 30  # unknown: assume a small server
+
+
+# RocketMQ's maxMsgsNumBatch: most records one QUERY_MESSAGE answers with.
+MAX_MSGS_NUM_BATCH = 64
 
 
 class PutMessageStatus(enum.Enum):
@@ -263,6 +270,15 @@ class GetMessageResult:
         return b"".join(self.buffers)
 
 
+@dataclass(slots=True)
+class QueryMessageResult:
+    """Outcome of :meth:`MessageStore.query_message`: whole records, and how far the index is built."""
+
+    records: list[bytes]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+
+
 ArrivalListener = Callable[[str, int, int], None]
 # HA seam for SYNC_MASTER: ``hook(end_offset, on_done)`` for a stored message that wants to wait;
 # ``on_done(status)`` with PUT_OK, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (§7.5) runs from the
@@ -291,6 +307,7 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._abort = AbortMarker(config.abort_path)
         self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
+        self.index: IndexService | None = None
         # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
         # are never closed under that thread.
         self._cq_io = asyncio.Lock()
@@ -421,6 +438,8 @@ class MessageStore:
 
     def _close_files(self) -> None:
         self.commitlog.close()
+        if self.index is not None:
+            self.index.close()
         for queues in self._cqs.values():
             for cq in queues.values():
                 cq.close()
@@ -450,6 +469,11 @@ class MessageStore:
             log.warning("abnormal shutdown detected: rescanning the commitlog from %d", scan_start)
         end = self.commitlog.recover(scan_start, self.config.check_crc_on_recover)
         min_phy = self.commitlog.min_offset()
+        if self.config.message_index_enable:
+            self.index = IndexService(self.config.index_dir, self.config.max_hash_slot_num, self.config.max_index_num)
+            self.index.load(end)
+        else:
+            self.index = None
 
         for queues in self._cqs.values():
             for cq in queues.values():
@@ -583,6 +607,12 @@ class MessageStore:
         size, topic, qid, qoff, sys_flag, store_ts, props = fields
         tran = sys_flag & TRANSACTION_TYPE_MASK
         self.commitlog.last_store_timestamp = store_ts
+        index = self.index
+        if index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
+            uniq = get_property(props, UNIQ_KEY)
+            keys = get_property(props, KEYS)
+            if uniq or keys:
+                self._index_full(index.build(phy, topic, store_ts, uniq, keys))
         if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             return
         deleted = self._deleted
@@ -709,6 +739,12 @@ class MessageStore:
             self._logics_ts = store_ts
             if self._listeners:
                 self._notify(topic, queue_id, qoff + 1)
+        index = self.index
+        if index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
+            uniq = props.get(UNIQ_KEY)
+            keys = props.get(KEYS)
+            if uniq or keys:
+                self._index_full(index.build(phy, topic, store_ts, uniq, keys))
         self._reput_offset = phy + size
         # Upper-case hex of the 8-byte offset: two C calls, several times cheaper than "{:016X}".
         msg_id = (self._msg_id_prefix + phy.to_bytes(8, "big").hex().upper() if msg.store_host is None
@@ -750,6 +786,7 @@ class MessageStore:
         max_size = self.config.max_message_size
         items: list[tuple[int, bytes, bytes, int]] = []
         tag_codes: list[int] = []
+        index_keys: list[tuple[str | None, str | None]] = []
         total = 0
         for entry in entries:
             if len(entry.body) > max_size:
@@ -762,6 +799,8 @@ class MessageStore:
             size = record_size(sys_flag, len(entry.body), len(tail))
             items.append((entry.flag, entry.body, tail, size))
             tag_codes.append(tags_code(get_property(props, TAGS)))
+            if self.index is not None:
+                index_keys.append((get_property(props, UNIQ_KEY), get_property(props, KEYS)))
             total += size
         if total + 8 > self._file_size:
             return _result(PutMessageStatus.MESSAGE_ILLEGAL)
@@ -776,6 +815,11 @@ class MessageStore:
         cq = self._get_or_create_cq(batch.topic, batch.queue_id)
         for i, (phy, item) in enumerate(zip(offsets, items, strict=True)):
             cq.put_unit(first_qoff + i, phy, item[3], tag_codes[i])
+        index = self.index
+        if index is not None:
+            for phy, (uniq, keys) in zip(offsets, index_keys, strict=True):
+                if uniq or keys:
+                    self._index_full(index.build(phy, batch.topic, store_ts, uniq, keys))
         self._logics_ts = store_ts
         self._reput_offset = offsets[-1] + items[-1][3]
         if self._listeners:
@@ -889,8 +933,25 @@ class MessageStore:
 
     def _flush_all_sync(self) -> int:
         flushed = self._flush_commitlog_sync()
+        if self.index is not None and self.index.files:
+            self.index.flush()
+            self.checkpoint.index_msg_timestamp = self.index.files[-1].end_ts
         self._flush_consume_queues_sync(self._dirty_queues(), self._logics_ts)
         return flushed
+
+    def _index_full(self, full: list[IndexFile]) -> None:
+        """Index files fill up rarely (20 million entries): each is made durable once, off the loop,
+        as RocketMQ's IndexService does (entries of the file being written are flushed at shutdown)."""
+        if not full:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # start-up recovery runs in a worker thread
+            for f in full:
+                f.flush()
+            return
+        for f in full:
+            loop.run_in_executor(None, _flush_index_file, f, self.checkpoint)
 
     async def flush(self) -> int:
         """Flush commitlog, consume queues and checkpoint now; returns the flushed commitlog offset."""
@@ -1133,6 +1194,27 @@ class MessageStore:
             return -1
         return self.commitlog.pickup_store_timestamp(unit[0], unit[1])
 
+    def query_message(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryMessageResult:
+        """QUERY_MESSAGE (§4.5): the records of ``topic`` whose unique key or one of whose KEYS is
+        ``key``, stored in ``[begin, end]`` (ms), at most ``max_num`` (capped at 64, RocketMQ's
+        maxMsgsNumBatch), in commitlog order. Hash collisions are dropped here."""
+        index = self.index
+        if index is None:
+            return QueryMessageResult([], 0, 0)
+        phys, last_ts, last_phy = index.query(topic, key, min(max_num, MAX_MSGS_NUM_BATCH), begin, end)
+        records: list[bytes] = []
+        for phy in sorted(set(phys)):
+            data = self.commitlog.look_message(phy)
+            if data is None:
+                continue  # deleted by retention, or cut by an HA truncation
+            _size, rec_topic, _qid, _qoff, _flag, _ts, props = dispatch_fields(data, 0)
+            if rec_topic != topic:
+                continue
+            keys = get_property(props, KEYS)
+            if get_property(props, UNIQ_KEY) == key or (keys is not None and key in keys.split(" ")):
+                records.append(data)
+        return QueryMessageResult(records, last_ts, last_phy)
+
     def look_message_by_offset(self, phy_offset: int) -> bytes | None:
         """The raw record at a commitlog offset (VIEW_MESSAGE_BY_ID, send-back), or ``None``."""
         return self.commitlog.look_message(phy_offset)
@@ -1267,6 +1349,8 @@ class MessageStore:
         log.warning("truncating the commitlog from %d to %d", self.commitlog.max_offset(), phy_offset)
         self.commitlog.truncate_to(phy_offset)
         end = self.commitlog.max_offset()
+        if self.index is not None:
+            self.index.truncate(end)
         # Offsets past the cut will hold another log's records (the new master's).
         clamped = {topic: min(deleted_end, end) for topic, deleted_end in self._deleted.items()}
         if clamped != self._deleted:
@@ -1338,20 +1422,24 @@ class MessageStore:
         if min_phy <= self._cq_clean_min:
             return 0
         gone: list[MappedFile] = []
+        index_gone: list[IndexFile] = []
         async with self._cq_io:
             for queues in self._cqs.values():
                 for cq in queues.values():
                     gone.extend(cq.detach_files_below(min_phy))
-            if gone:
-                await asyncio.to_thread(_destroy_all, gone)
+            if self.index is not None:
+                index_gone = self.index.detach_expired(min_phy)
+            if gone or index_gone:
+                await asyncio.to_thread(_destroy_all, [*gone, *index_gone])
         # Deleted topics whose records are all gone need no protection from re-dispatch any more.
         kept = {topic: end for topic, end in self._deleted.items() if end > min_phy}
         if kept != self._deleted:
             self._deleted = kept
             await asyncio.to_thread(deleted_topics.save, self.config.deleted_topics_path, dict(kept))
         self._cq_clean_min = min_phy
-        if gone:
-            log.info("retention deleted %d consume-queue file(s) below commitlog offset %d", len(gone), min_phy)
+        if gone or index_gone:
+            log.info("retention deleted %d consume-queue and %d index file(s) below commitlog offset %d",
+                     len(gone), len(index_gone), min_phy)
         return len(gone)
 
     def delete_consume_queue(self, topic: str) -> None:
@@ -1362,7 +1450,16 @@ class MessageStore:
             self.commitlog.topic_queue_table.pop(f"{topic}-{qid}", None)
 
 
-def _destroy_all(files: list[MappedFile]) -> None:
+def _flush_index_file(f: IndexFile, checkpoint: StoreCheckpoint) -> None:
+    try:
+        f.flush()
+    except StoreError:
+        log.exception("flushing full index file %s failed", f.path)
+        return
+    checkpoint.index_msg_timestamp = max(checkpoint.index_msg_timestamp, f.end_ts)
+
+
+def _destroy_all(files: list[MappedFile | IndexFile]) -> None:
     for mf in files:
         mf.destroy()
 

@@ -1,0 +1,207 @@
+"""Index files (§4.5) on real files: RocketMQ's byte layout, hash chains, time ranges, rollover,
+restart, truncation, retention; and QUERY_MESSAGE lookups through the store."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from rmqbroker.store.config import StoreConfig
+from rmqbroker.store.errors import StoreError
+from rmqbroker.store.index import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexService, build_key, key_hash
+from rmqbroker.store.message_store import MessageStore, PutMessageStatus
+from rmqbroker.store.record import TRANSACTION_ROLLBACK_TYPE, decode_record, java_string_hash
+from rmqbroker.store.retention import CleanService
+from tests.unit.store.test_message_store import SEG, make_config, msg
+from tests.unit.store.test_retention import Disk, retention
+
+T0 = 1_700_000_000_000
+
+
+def entries(svc: IndexService, file_no: int = -1) -> list[tuple[int, int, int, int]]:
+    f = svc.files[file_no]
+    base = HEADER_SIZE + f.slot_num * SLOT_SIZE
+    return [struct.unpack_from(">iqii", f.mm, base + i * ENTRY_SIZE) for i in range(1, f.count)]
+
+
+def test_layout_is_rocketmqs(tmp_path: Path) -> None:
+    svc = IndexService(tmp_path / "index", slot_num=7, index_num=100)
+    svc.load(0)
+    svc.build(100, "T", T0, "UNIQ1", "k1 k2")
+    svc.build(300, "T", T0 + 2500, None, "k1")
+    f = svc.files[0]
+    # Named yyyyMMddHHmmssSSS after its creation time (local time, as RocketMQ does).
+    created = time.mktime(time.strptime(f.path.name[:14], "%Y%m%d%H%M%S"))
+    assert len(f.path.name) == 17 and abs(created - time.time()) < 60
+    assert f.path.stat().st_size == 40 + 7 * 4 + 100 * 20
+    data = f.path.read_bytes()
+    # Header: begin/end store time, begin/end commitlog offset, used slots, entry count (starts at 1).
+    assert struct.unpack_from(">qqqqii", data, 0) == (T0, T0 + 2500, 100, 300, 3, 5)
+    h_uniq, h_k1, h_k2 = (key_hash(build_key("T", k)) for k in ("UNIQ1", "k1", "k2"))
+    assert h_k1 == abs(java_string_hash("T#k1"))
+    # Entries from index 1: key hash, commitlog offset, seconds since the file's first entry, previous in slot.
+    assert entries(svc) == [(h_uniq, 100, 0, 0), (h_k1, 100, 0, 0), (h_k2, 100, 0, 0), (h_k1, 300, 2, 2)]
+    slot = struct.unpack_from(">i", data, 40 + (h_k1 % 7) * 4)[0]
+    assert slot == 4  # the newest entry of k1's slot
+
+
+def test_hash_chains_time_ranges_and_collisions(tmp_path: Path) -> None:
+    svc = IndexService(tmp_path / "index", slot_num=3, index_num=1000)  # 3 slots: chains mix keys
+    svc.load(0)
+    for i in range(60):
+        svc.build(1000 + i * 100, "T", T0 + i * 1000, f"U{i}", f"key{i % 5}")
+    phys, last_ts, last_phy = svc.query("T", "key2", 64, 0, T0 + 10**9)
+    assert (last_ts, last_phy) == (T0 + 59_000, 1000 + 59 * 100)
+    # Hash lookups: offsets of key2 (newest first), possibly plus other keys of the same hash.
+    want = [1000 + i * 100 for i in range(59, -1, -1) if i % 5 == 2]
+    assert [p for p in phys if p in want] == want
+    assert len(svc.query("T", "key2", 3, 0, T0 + 10**9)[0]) == 3
+    ranged = svc.query("T", "U10", 64, T0 + 10_000, T0 + 10_000)[0]
+    assert 2000 in ranged
+    assert 2000 not in svc.query("T", "U10", 64, T0 + 20_000, T0 + 30_000)[0]
+    # Keys are per topic: the same key of another topic has another hash.
+    assert svc.query("Other", "key2", 64, 0, T0 + 10**9)[0] == []
+
+
+def test_rollover_restart_truncate_and_expiry(tmp_path: Path) -> None:
+    d = tmp_path / "index"
+    svc = IndexService(d, slot_num=11, index_num=10)  # 9 entries per file
+    svc.load(0)
+    full = []
+    for i in range(40):
+        full += svc.build(i * 10, "T", T0 + i, None, f"k{i}")
+    assert len(svc.files) == 5 and len(full) == 4
+    names = [f.path.name for f in svc.files]
+    assert names == sorted(names) and len(set(names)) == 5
+    assert svc.query("T", "k3", 64, 0, T0 + 100)[0] == [30]
+    assert svc.query("T", "k39", 64, 0, T0 + 100)[0] == [390]
+    svc.close()
+
+    again = IndexService(d, slot_num=11, index_num=10)
+    again.load(10_000)
+    assert again.end_phy == 390
+    assert again.build(390, "T", T0, None, "dup") == [] and again.files[-1].count == 5  # re-dispatch: skipped
+    assert again.query("T", "k21", 64, 0, T0 + 100)[0] == [210]
+    # An HA truncation at 250: files beginning beyond go, records from there are indexed again.
+    again.truncate(250)
+    assert [f.begin_phy for f in again.files] == [0, 90, 180]
+    again.build(250, "T", T0 + 50, None, "fresh")
+    assert again.query("T", "fresh", 64, 0, T0 + 100)[0] == [250]
+    # Retention: files wholly below the commitlog's new start go; never the last one.
+    gone = again.detach_expired(200)
+    assert [f.begin_phy for f in gone] == [0, 90] and [f.begin_phy for f in again.files] == [180, 250]
+    for f in gone:
+        f.destroy()
+    assert len(list(d.iterdir())) == 2
+    again.close()
+
+    # A file that begins beyond the commitlog end (lost with an OS crash) is dropped at load.
+    third = IndexService(d, slot_num=11, index_num=10)
+    third.load(150)
+    assert third.files == [] and third.end_phy == -1
+    with pytest.raises(StoreError):
+        IndexService(d, slot_num=0, index_num=10)
+
+
+def test_a_file_of_another_size_is_refused(tmp_path: Path) -> None:
+    svc = IndexService(tmp_path / "index", slot_num=11, index_num=10)
+    svc.load(0)
+    svc.build(1, "T", T0, None, "k")
+    svc.close()
+    with pytest.raises(StoreError, match="maxHashSlotNum"):
+        IndexService(tmp_path / "index", slot_num=12, index_num=10).load(100)
+
+
+# ---------------------------------------------------------------- through the store
+def small_index(root: Path, **kw: object) -> StoreConfig:
+    return make_config(root, max_hash_slot_num=5, max_index_num=50, **kw)
+
+
+async def test_store_answers_queries_by_key_and_unique_key(tmp_path: Path) -> None:
+    cfg = small_index(tmp_path / "store")
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        sent = {}
+        for i in range(120):  # several index files, and hash collisions in 5 slots
+            r = store.append_message(msg("Orders", i % 3, f"order {i}".encode(), KEYS=f"order-{i} cust-{i % 4}",
+                                         UNIQ_KEY=f"ID{i:04d}"))
+            assert r.status is PutMessageStatus.PUT_OK
+            sent[i] = r.wrote_offset
+        store.append_message(msg("Other", 0, b"x", KEYS="order-7"))
+        rolled = msg("Orders", 0, b"rolled back", KEYS="order-7")
+        rolled.sys_flag = TRANSACTION_ROLLBACK_TYPE
+        store.append_message(rolled)
+        now = int(time.time() * 1000)
+        got = store.query_message("Orders", "order-7", 64, 0, now + 1000)
+        assert [decode_record(r).body for r in got.records] == [b"order 7"]
+        assert got.index_last_update_phy_offset >= sent[119]
+        by_cust = store.query_message("Orders", "cust-1", 64, 0, now + 1000).records
+        assert [decode_record(r).body for r in by_cust] == [f"order {i}".encode() for i in range(1, 120, 4)]
+        assert len(store.query_message("Orders", "cust-1", 5, 0, now + 1000).records) == 5
+        assert [decode_record(r).body for r in store.query_message("Orders", "ID0042", 32, 0, now + 1000).records] \
+            == [b"order 42"]
+        assert store.query_message("Orders", "order-7", 64, now + 60_000, now + 120_000).records == []
+        assert store.query_message("Orders", "nobody", 64, 0, now + 1000).records == []
+        files = len(list(cfg.index_dir.iterdir()))
+        assert files >= 5
+        assert store.index is not None
+        indexed = sum(f.count - 1 for f in store.index.files)
+        assert indexed == 120 * 3 + 1  # UNIQ_KEY and two KEYS each; "Other"; not the rolled-back one
+    finally:
+        await store.shutdown()
+    # After a restart (abnormal too: re-dispatch must not index records twice) queries still answer.
+    cfg.abort_path.touch()
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        assert len(list(cfg.index_dir.iterdir())) == files
+        assert store.index is not None and sum(f.count - 1 for f in store.index.files) == indexed
+        assert [decode_record(r).body for r in store.query_message("Orders", "order-99", 64, 0,
+                                                                   int(time.time() * 1000)).records] == [b"order 99"]
+    finally:
+        await store.shutdown()
+
+
+async def test_index_off_and_slave_dispatch(tmp_path: Path) -> None:
+    off = MessageStore(make_config(tmp_path / "off", message_index_enable=False))
+    await off.start()
+    try:
+        off.append_message(msg("T", 0, b"a", KEYS="k"))
+        assert off.query_message("T", "k", 64, 0, 1 << 62).records == []
+        assert not (tmp_path / "off" / "index").exists()
+        raw = off.get_commitlog_data(0, off.max_phy_offset())
+    finally:
+        await off.shutdown()
+    # A slave builds the index from the replicated bytes (dispatch), like the master did at append.
+    slave = MessageStore(small_index(tmp_path / "slave", broker_role="SLAVE"))
+    await slave.start()
+    try:
+        slave.append_raw(0, raw)
+        assert [decode_record(r).body for r in slave.query_message("T", "k", 64, 0, 1 << 62).records] == [b"a"]
+    finally:
+        await slave.shutdown()
+
+
+async def test_retention_takes_index_files_with_the_commitlog(tmp_path: Path) -> None:
+    cfg = small_index(tmp_path / "store")
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        i = 0
+        while store.max_phy_offset() < 4 * SEG + 1:
+            store.append_message(msg("T", 0, b"r" * 1000, KEYS=f"k{i}"))
+            i += 1
+        await store.flush()
+        before = sorted(p.name for p in cfg.index_dir.iterdir())
+        cleaner = CleanService(store, retention(), disk_usage=Disk(0.86))  # forced: the oldest go
+        assert (await cleaner.run_once()).commitlog_files_deleted == 4
+        after = sorted(p.name for p in cfg.index_dir.iterdir())
+        assert len(after) < len(before) and after == before[len(before) - len(after):]
+        assert store.query_message("T", "k0", 64, 0, 1 << 62).records == []
+        assert len(store.query_message("T", f"k{i - 1}", 64, 0, 1 << 62).records) == 1
+    finally:
+        await store.shutdown()
