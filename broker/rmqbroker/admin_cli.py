@@ -334,7 +334,7 @@ COMMANDS = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rmq-admin", description="Topic and consumer-group administration with "
+    p = argparse.ArgumentParser(prog="rmq-admin", description="Topic, consumer-group and message administration with "
                                 "RocketMQ mqadmin's command names and options, over the remoting protocol.")
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
     parsers = {name: sub.add_parser(name, help=text) for name, (_fn, text) in COMMANDS.items()}
