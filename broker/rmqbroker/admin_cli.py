@@ -1,8 +1,7 @@
-"""``rmq-admin``: topic and consumer-group administration over the remoting protocol, named and
-optioned after RocketMQ's ``mqadmin`` (clusterList, updateTopic, deleteTopic, topicStatus,
-updateSubGroup, deleteSubGroup, consumerProgress, deleteExpiredCommitLog, queryMsgByKey,
-queryMsgById, queryMsgByUniqueKey), so that a broker group can be managed without a
-Java toolchain. It works against Java brokers too: only RocketMQ request codes are used."""
+"""``rmq-admin``: topic, consumer-group and message administration over the remoting protocol,
+named and optioned after RocketMQ's ``mqadmin`` (see ``COMMANDS``), so that a broker group can be
+managed without a Java toolchain. It works against Java brokers too: only RocketMQ request codes
+are used."""
 
 from __future__ import annotations
 
@@ -242,6 +241,45 @@ async def delete_expired_commit_log(admin: Admin, args: argparse.Namespace) -> s
     return "\n".join(out)
 
 
+async def _broker_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
+    return [args.broker] if args.broker else await admin.brokers(args.cluster)
+
+
+async def broker_status(admin: Admin, args: argparse.Namespace) -> str:
+    out: list[str] = []
+    for addr in await _broker_addrs(admin, args):
+        resp = await admin.call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        table = fastjson_loads(bytes(resp.body)).get("table", {}) if resp.body else {}
+        prefix = f"{addr:<22}" if not args.broker else ""
+        out.extend(f"{prefix}{k:<32}: {v}" for k, v in sorted(table.items()))
+    return "\n".join(out)
+
+
+async def get_broker_config(admin: Admin, args: argparse.Namespace) -> str:
+    out = []
+    for addr in await _broker_addrs(admin, args):
+        resp = await admin.call(addr, RequestCode.GET_BROKER_CONFIG)
+        out.append(f"============{addr}============")
+        for line in bytes(resp.body).decode("utf-8", "replace").splitlines():
+            key, _, value = line.partition("=")
+            out.append(f"{key:<50}=  {value}")
+    return "\n".join(out)
+
+
+async def topic_list(admin: Admin, args: argparse.Namespace) -> str:
+    resp = await admin.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+    topics = fastjson_loads(bytes(resp.body)).get("topicList", []) if resp.body else []
+    return "\n".join(sorted(topics))
+
+
+async def topic_route(admin: Admin, args: argparse.Namespace) -> str:
+    resp = await admin.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: args.topic},
+                                    ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
+    if resp.code != ResponseCode.SUCCESS or not resp.body:
+        raise AdminError(f"topic {args.topic} has no route on the nameserver")
+    return json.dumps(fastjson_loads(bytes(resp.body)), indent=2, sort_keys=True)
+
+
 async def _query(admin: Admin, topic: str, key: str, begin: int, end: int, unique: bool) -> list[MessageRecord]:
     """QUERY_MESSAGE on every broker of the topic's route; the records that really hold ``key``."""
     ext = {wire.TOPIC: topic, wire.KEY: key, wire.MAX_NUM: "64", wire.BEGIN_TIMESTAMP: str(begin),
@@ -330,6 +368,11 @@ COMMANDS = {
     "queryMsgByKey": (query_msg_by_key, "the messages of a topic with a key (KEYS), from the brokers' index"),
     "queryMsgById": (query_msg_by_id, "one message by the broker's offset message id (SendResult.offsetMsgId)"),
     "queryMsgByUniqueKey": (query_msg_by_unique_key, "one message by the client's message id (UNIQ_KEY)"),
+    "brokerStatus": (broker_status, "a broker's runtime figures (offsets, disk use, role), or every broker's of a "
+                     "cluster"),
+    "getBrokerConfig": (get_broker_config, "a broker's settings (secrets masked), or every broker's of a cluster"),
+    "topicList": (topic_list, "every topic the nameserver routes"),
+    "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
 }
 
 
@@ -345,12 +388,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
-    for name in ("updateTopic", "updateSubGroup", "deleteSubGroup", "deleteExpiredCommitLog"):
+    for name in ("updateTopic", "updateSubGroup", "deleteSubGroup", "deleteExpiredCommitLog", "brokerStatus",
+                 "getBrokerConfig"):
         target = parsers[name].add_mutually_exclusive_group(required=True)
         target.add_argument("-b", "--brokerAddr", dest="broker", help="one broker, host:port")
         target.add_argument("-c", "--clusterName", dest="cluster", help="every master of this cluster")
     parsers["deleteTopic"].add_argument("-c", "--clusterName", dest="cluster", required=True)
-    for name in ("updateTopic", "deleteTopic", "topicStatus"):
+    for name in ("updateTopic", "deleteTopic", "topicStatus", "topicRoute"):
         parsers[name].add_argument("-t", "--topic", required=True)
     t = parsers["updateTopic"]
     t.add_argument("-r", "--readQueueNums", dest="read_queue_nums", type=int, default=8)

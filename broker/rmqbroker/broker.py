@@ -276,7 +276,9 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
-        sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files)
+        # The first round soon after start: a disk that is already full refuses sends at once.
+        sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files,
+                  initial_delay=min(1.0, s.cleanResourceInterval / 1000))
         if self.acl_watcher is not None:
             sup.every("acl-reload", ACL_RELOAD_SECONDS, self._reload_acl)
         await self.replication.start()

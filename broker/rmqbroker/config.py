@@ -162,6 +162,24 @@ class BrokerSettings:
 
 
 _FIELDS = {f.metadata["key"]: f for f in dataclasses.fields(BrokerSettings)}
+# Keys whose values never leave the process (GET_BROKER_CONFIG answers them masked).
+SECRET_KEYS = frozenset({"adminToken", "aclSecretKey"})
+
+
+def settings_properties(s: BrokerSettings) -> str:
+    """Every setting as ``key=value`` lines (broker.conf format, Java's getAllConfigsFormatString),
+    secrets masked."""
+    lines = []
+    for key in sorted(_FIELDS):
+        value = getattr(s, key)
+        if key in SECRET_KEYS and value:
+            text = "******"
+        elif isinstance(value, bool):
+            text = str(value).lower()
+        else:
+            text = str(value)
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 

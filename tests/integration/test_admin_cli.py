@@ -93,3 +93,43 @@ def test_admin_cli_reports_failures(cluster: Cluster, capsys: pytest.CaptureFixt
     assert code == 1 and "NoSuchCluster" in err
     code, _, err = run(capsys, "clusterList", "-n", "")
     assert code == 1 and "no nameserver" in err
+
+
+def test_admin_cli_reads_status_config_topics_and_routes(cluster: Cluster,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-s", fileReservedTime=48, aclSecretKey="very-secret-key",
+                            aclAccessKey="sync-user")
+    slave = cluster.broker(ns.addr, name="broker-s", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    n = ("-n", ns.addr)
+    code, _, _ = run(capsys, "updateTopic", *n, "-b", master.addr, "-t", TOPIC, "-r", "3", "-w", "3")
+    assert code == 0
+    wait_route(ns.addr, TOPIC)
+    assert send_raw(master.addr, TOPIC, b"one").code == ResponseCode.SUCCESS
+
+    poll(lambda: master.status()["retention"]["lastRunMillis"] > 0, 10, what="first retention round")
+    code, out, _ = run(capsys, "brokerStatus", *n, "-b", master.addr)
+    assert code == 0
+    status = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+    assert status["brokerRole"] == "ASYNC_MASTER" and int(status["commitLogMaxOffset"]) > 0
+    assert status["dispatchBehindBytes"] == "0" and 0 < float(status["commitLogDiskRatio"]) < 1
+    code, out, _ = run(capsys, "brokerStatus", *n, "-c", "DefaultCluster")
+    assert code == 0 and slave.addr in out and "SLAVE" in out
+
+    code, out, _ = run(capsys, "getBrokerConfig", *n, "-b", master.addr)
+    assert code == 0
+    config = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in out.splitlines()[1:])}
+    assert config["fileReservedTime"] == "48" and config["brokerName"] == "broker-s"
+    assert config["aclAccessKey"] == "sync-user"
+    # Secrets never leave the broker.
+    assert config["aclSecretKey"] == "******" and config["adminToken"] == "******"
+    assert "very-secret-key" not in out and master.token not in out
+
+    code, out, _ = run(capsys, "topicList", *n)
+    assert code == 0 and TOPIC in out.split() and "TBW102" in out.split()
+    code, out, _ = run(capsys, "topicRoute", *n, "-t", TOPIC)
+    assert code == 0
+    route_doc = json.loads(out)
+    assert route_doc["queueDatas"][0]["writeQueueNums"] == 3
+    assert route_doc["brokerDatas"][0]["brokerAddrs"] == {"0": master.addr, "1": slave.addr}

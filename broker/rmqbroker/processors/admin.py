@@ -1,4 +1,4 @@
-"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208, 215, 329 (reference
+"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 329 (reference
 §2.13, §2.14; 200-215 and 329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Callable
 
+from rmqbroker.config import settings_properties
 from rmqbroker.metadata.jsonfile import fastjson_loads, mq_key
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
@@ -75,6 +76,7 @@ class AdminProcessor:
         server.register(RequestCode.GET_CONSUME_STATS, self.get_consume_stats)
         server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
+        server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
         if self._cleaner is not None:
             server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
 
@@ -239,6 +241,13 @@ class AdminProcessor:
     async def get_all_subscription_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.groups.encode().encode("utf-8"))
 
+    async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin getBrokerConfig: every setting in broker.conf format (secrets masked). The
+        settings never change at run time, so their DataVersion is the boot's."""
+        version = json.dumps({"counter": 0, "stateVersion": 0, "timestamp": self.boot_ms}, separators=(",", ":"))
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields={wire.VERSION: version},
+                                 body=settings_properties(self.ctx.settings).encode("utf-8"))
+
     async def get_runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         store = self.ctx.store
         stats = self.ctx.stats
@@ -250,7 +259,8 @@ class AdminProcessor:
             "msgGetTotalTodayNow": str(stats.msgs_out),
             "commitLogMinOffset": str(store.min_phy_offset()),
             "commitLogMaxOffset": str(store.max_phy_offset()),
-            "dispatchBehindBytes": "0",
+            "dispatchBehindBytes": str(store.dispatch_behind()),
+            "remainHowManyDataToFlush": str(store.max_phy_offset() - store.flushed_phy_offset()),
             "bootTimestamp": str(self.boot_ms),
             "runtime": f"[ {(now - self.boot_ms) // 86_400_000} days, "
                        f"{(now - self.boot_ms) // 3_600_000 % 24} hours, "
@@ -258,6 +268,8 @@ class AdminProcessor:
                        f"{(now - self.boot_ms) // 1000 % 60} seconds ]",
             "brokerRole": self.ctx.role,
         }
+        if self._cleaner is not None:
+            table["commitLogDiskRatio"] = str(self._cleaner.last_ratio)
         if self._runtime_info is not None:
             table.update(self._runtime_info())
         return cmd.make_response(ResponseCode.SUCCESS,

@@ -92,6 +92,9 @@ GROUP_NAME = "groupName"
 REMOVE_OFFSET = "removeOffset"
 CLEAN_OFFSET = "cleanOffset"
 
+# --- GET_BROKER_CONFIG (GetBrokerConfigResponseHeader: the configuration's DataVersion as JSON) ---
+VERSION = "version"
+
 # --- QUERY_MESSAGE (QueryMessageRequestHeader / QueryMessageResponseHeader) ---
 KEY = "key"
 MAX_NUM = "maxNum"
