@@ -280,6 +280,66 @@ async def topic_route(admin: Admin, args: argparse.Namespace) -> str:
     return json.dumps(fastjson_loads(bytes(resp.body)), indent=2, sort_keys=True)
 
 
+def _timestamp(text: str) -> int:
+    """mqadmin's -s: ``now``, milliseconds, or ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time)."""
+    if text == "now":
+        return int(time.time() * 1000)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        date, _, millis = text.rpartition(":")
+        return int(time.mktime(time.strptime(date, "%Y-%m-%d#%H:%M:%S")) * 1000) + int(millis)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected now, milliseconds or yyyy-MM-dd#HH:mm:ss:SSS, got {text!r}") \
+            from exc
+
+
+async def reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> str:
+    """INVOKE_BROKER_TO_RESET_OFFSET on every master of the topic; for a group with no consumer
+    online (CONSUMER_NOT_ONLINE) the offsets are searched and committed directly, as mqadmin does."""
+    ext = {wire.TOPIC: args.topic, wire.GROUP: args.group, wire.TIMESTAMP: str(args.timestamp),
+           wire.IS_FORCE: str(args.force).lower()}
+    rows = [["#brokerName", "#queueId", "#offset"]]
+    for name, addr in sorted((await admin.route_masters(args.topic)).items()):
+        resp = await admin.call(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext,
+                                ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
+        if resp.code == ResponseCode.SUCCESS:
+            try:
+                _, reset = loads_mq_keyed(bytes(resp.body), "offsetTable")
+            except ValueError as exc:
+                raise AdminError(f"{addr}: unreadable answer to the reset: {exc}") from exc
+            rows.extend([broker, str(qid), str(off)] for (_t, broker, qid), off in sorted(reset.items()))
+            continue
+        for qid, offset in await _reset_offline(admin, addr, args):
+            rows.append([name, str(qid), str(offset)])
+    return _table(rows)
+
+
+async def _reset_offline(admin: Admin, addr: str, args: argparse.Namespace) -> list[tuple[int, int]]:
+    out = []
+    _, table = await admin.mq_table(addr, RequestCode.GET_TOPIC_STATS_INFO, {wire.TOPIC: args.topic})
+    for mq in sorted(table):
+        qid = mq[2]
+        current_resp = await admin.call(addr, RequestCode.QUERY_CONSUMER_OFFSET, {
+            wire.CONSUMER_GROUP: args.group, wire.TOPIC: args.topic, wire.QUEUE_ID: str(qid)},
+            ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        current = int(current_resp.ext_fields.get(wire.OFFSET, "-1")) if current_resp.code == 0 else -1
+        if args.timestamp == -1:
+            target = int(table[mq]["maxOffset"])
+        else:
+            found = await admin.call(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {
+                wire.TOPIC: args.topic, wire.QUEUE_ID: str(qid), wire.TIMESTAMP: str(args.timestamp)})
+            target = int(found.ext_fields[wire.OFFSET])
+        if args.force or current < 0 or target < current:
+            await admin.call(addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+                wire.CONSUMER_GROUP: args.group, wire.TOPIC: args.topic, wire.QUEUE_ID: str(qid),
+                wire.COMMIT_OFFSET: str(target)})
+            out.append((qid, target))
+        else:
+            out.append((qid, current))
+    return out
+
+
 async def _query(admin: Admin, topic: str, key: str, begin: int, end: int, unique: bool) -> list[MessageRecord]:
     """QUERY_MESSAGE on every broker of the topic's route; the records that really hold ``key``."""
     ext = {wire.TOPIC: topic, wire.KEY: key, wire.MAX_NUM: "64", wire.BEGIN_TIMESTAMP: str(begin),
@@ -373,6 +433,8 @@ COMMANDS = {
     "getBrokerConfig": (get_broker_config, "a broker's settings (secrets masked), or every broker's of a cluster"),
     "topicList": (topic_list, "every topic the nameserver routes"),
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
+    "resetOffsetByTime": (reset_offset_by_time, "move a consumer group's offsets on a topic to a point in time "
+                          "(online consumers follow at once)"),
 }
 
 
@@ -421,6 +483,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
     q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
     parsers["queryMsgById"].add_argument("-i", "--msgId", dest="msg_id", required=True)
+    r = parsers["resetOffsetByTime"]
+    r.add_argument("-g", "--group", required=True)
+    r.add_argument("-t", "--topic", required=True)
+    r.add_argument("-s", "--timestamp", type=_timestamp, required=True,
+                   help="now, -1 (the queues' end), milliseconds, or yyyy-MM-dd#HH:mm:ss:SSS")
+    r.add_argument("-f", "--force", type=_bool, default=True, help="also move offsets forward (default true)")
     u = parsers["queryMsgByUniqueKey"]
     u.add_argument("-i", "--msgId", dest="msg_id", required=True)
     u.add_argument("-t", "--topic", required=True)

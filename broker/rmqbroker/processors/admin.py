@@ -1,9 +1,10 @@
-"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 329 (reference
-§2.13, §2.14; 200-215 and 329 follow RocketMQ's AdminBrokerProcessor)."""
+"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 329
+(reference §2.13, §2.14; 200-222 and 329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,8 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 from rmqbroker.store.retention import CleanService
+
+log = logging.getLogger(__name__)
 
 BROKER_VERSION_DESC = "V4_9_8"
 GROUP_MAX_LENGTH = 255
@@ -54,6 +57,12 @@ def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
     return None
 
 
+def _reset_offset_body(broker: str, topic: str, table: dict[int, int]) -> bytes:
+    """ResetOffsetBody: ``{"offsetTable": {MessageQueue: offset}}`` in fastjson's form."""
+    entries = ",".join(f"{mq_key(broker, topic, qid)}:{offset}" for qid, offset in sorted(table.items()))
+    return ('{"offsetTable":{' + entries + "}}").encode("utf-8")
+
+
 class AdminProcessor:
     """Topic administration, runtime info and the GET_ALL_* bodies a slave syncs from."""
 
@@ -77,6 +86,7 @@ class AdminProcessor:
         server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
         server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
+        server.register(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
         if self._cleaner is not None:
             server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
 
@@ -240,6 +250,54 @@ class AdminProcessor:
 
     async def get_all_subscription_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.groups.encode().encode("utf-8"))
+
+    async def reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin resetOffsetByTime for a group that is online (Broker2Client.resetOffset): each queue's
+        offset moves to the first message stored at or after ``timestamp`` (-1: the queue's end);
+        without ``isForce`` only backwards. The group's online consumers get the new offsets
+        (RESET_CONSUMER_CLIENT_OFFSET, in their own language's body) and drop what they hold."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "reset offset on the master: a slave's offsets "
+                                                               "follow the master's")
+        h = Header(cmd.ext_fields)
+        topic = h.req_str(wire.TOPIC)
+        group = h.req_str(wire.GROUP)
+        timestamp = h.req_int(wire.TIMESTAMP)
+        force = h.opt_bool(wire.IS_FORCE)
+        tc = ctx.topics.select(topic)
+        if tc is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "[reset-offset] reset offset failed, no topic in "
+                                                                f"this broker. topic={topic}")
+        store = ctx.store
+        table: dict[int, int] = {}
+        for qid in range(tc.write_queue_nums):
+            current = ctx.offsets.query(group, topic, qid)
+            if current < 0:
+                return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"THe consumer group <{group}> not exist")
+            target = store.get_max_offset_in_queue(topic, qid) if timestamp == -1 \
+                else store.get_offset_in_queue_by_time(topic, qid, timestamp)
+            target = max(target, 0)
+            table[qid] = target if force or target < current else current
+        info = ctx.clients.consumers.get(group)
+        if info is None or not info.channels:
+            return cmd.make_response(ResponseCode.CONSUMER_NOT_ONLINE, "Consumer not online, so can not reset "
+                                     f"offset, Group: {group} Topic: {topic} Timestamp: {timestamp}")
+        broker = ctx.settings.brokerName
+        for qid, offset in table.items():
+            # Committed here too: a member that joins before the others persist theirs starts right.
+            ctx.offsets.commit(group, topic, qid, offset, "reset-offset")
+        java_body = _reset_offset_body(broker, topic, table)
+        cpp_body = json.dumps({"offsetTable": [{"brokerName": broker, "queueId": qid, "topic": topic, "offset": off}
+                                               for qid, off in table.items()]}, separators=(",", ":")).encode()
+        ext = {wire.TOPIC: topic, wire.GROUP: group, wire.TIMESTAMP: str(timestamp), wire.IS_FORCE: str(force).lower()}
+        for channel in list(info.channels.values()):
+            # The C++ client reads ResetOffsetBodyForC (a list); Java clients a MessageQueue-keyed map.
+            channel.conn.send_oneway(RemotingCommand(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, ext_fields=dict(ext),
+                                                     body=cpp_body if channel.language == "CPP" else java_body))
+        log.info("reset offsets of group %s on %s to %s (timestamp %d, force %s) for %d client(s)", group, topic,
+                 table, timestamp, force, len(info.channels))
+        return cmd.make_response(ResponseCode.SUCCESS, body=java_body)
 
     async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin getBrokerConfig: every setting in broker.conf format (secrets masked). The

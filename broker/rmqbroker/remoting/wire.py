@@ -92,6 +92,9 @@ GROUP_NAME = "groupName"
 REMOVE_OFFSET = "removeOffset"
 CLEAN_OFFSET = "cleanOffset"
 
+# --- INVOKE_BROKER_TO_RESET_OFFSET / RESET_CONSUMER_CLIENT_OFFSET (ResetOffsetRequestHeader) ---
+IS_FORCE = "isForce"
+
 # --- GET_BROKER_CONFIG (GetBrokerConfigResponseHeader: the configuration's DataVersion as JSON) ---
 VERSION = "version"
 

@@ -1,0 +1,82 @@
+"""Resetting a consumer group's offsets to a point in time, as ``mqadmin resetOffsetByTime`` does,
+against real processes and the stock C++ push consumer: online, the broker sends the consumer
+RESET_CONSUMER_CLIENT_OFFSET (220) and it consumes again from there; offline, the offsets are
+committed directly and a consumer that starts later begins there."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rmqbroker.admin_cli import main as rmq_admin
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    PushConsumer,
+    create_topic_and_wait,
+    message,
+    poll,
+    produce,
+    query_consumer_offset,
+    rpc,
+)
+
+TOPIC = "ResetTopic"
+GROUP = "CG_RESET"
+
+
+def test_reset_offset_by_time_online_and_offline(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-o")
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    assert all(r is not None and r["status"] == 0 for r in produce(ns.addr, [message(TOPIC, f"old-{i}")
+                                                                             for i in range(10)]))
+    time.sleep(1.1)
+    middle = int(time.time() * 1000)
+    time.sleep(0.1)
+    assert all(r is not None and r["status"] == 0 for r in produce(ns.addr, [message(TOPIC, f"new-{i}")
+                                                                             for i in range(10)]))
+    news = {f"new-{i}" for i in range(10)}
+    n = ("-n", ns.addr)
+
+    with PushConsumer(ns.addr, GROUP, TOPIC, log_dir=cluster.workdir) as consumer:
+        consumer.wait_started()
+        consumer.wait_count(20, 60)
+        # Wait until the consumer has committed everything it consumed (the C++ client persists
+        # offsets every 5 s): a reset compares against committed offsets.
+        poll(lambda: sum(query_consumer_offset(master.addr, GROUP, TOPIC, q) or 0 for q in (0, 1)) == 20, 20,
+             what="offsets committed")
+        assert rmq_admin(["resetOffsetByTime", *n, "-g", GROUP, "-t", TOPIC, "-s", str(middle)]) == 0
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines()[1:]]
+        assert sorted(int(r[1]) for r in rows) == [0, 1] and sum(int(r[2]) for r in rows) == 10
+        # The online consumer drops its position and consumes the newer half again, not the older.
+        msgs = consumer.wait_for(lambda m: sum(1 for x in m if x["body"] in news) >= 20, 60,
+                                 what="the newer half again")
+        time.sleep(1.0)
+        msgs = consumer.messages
+    bodies = [m["body"] for m in msgs]
+    assert all(bodies.count(f"new-{i}") == 2 for i in range(10)), bodies
+    assert all(bodies.count(f"old-{i}") == 1 for i in range(10)), bodies
+
+    # Offline: nobody to tell, so the offsets are committed directly (mqadmin's fallback); the
+    # broker itself answers CONSUMER_NOT_ONLINE.
+    poll(lambda: rpc(master.addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {
+        "topic": TOPIC, "group": GROUP, "timestamp": "0", "isForce": "true"}).code
+        == ResponseCode.CONSUMER_NOT_ONLINE, 30, what="consumer gone from the broker")
+    assert rmq_admin(["resetOffsetByTime", *n, "-g", GROUP, "-t", TOPIC, "-s", "0"]) == 0
+    capsys.readouterr()
+    assert [query_consumer_offset(master.addr, GROUP, TOPIC, q) for q in (0, 1)] == [0, 0]
+    with PushConsumer(ns.addr, GROUP, TOPIC, log_dir=cluster.workdir) as consumer:
+        consumer.wait_started()
+        again = consumer.wait_count(20, 60)
+    assert sorted(m["body"] for m in again) == sorted([f"old-{i}" for i in range(10)] + sorted(news))
+
+    # Refusals: an unknown topic, a group that never consumed it.
+    resp = rpc(master.addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {
+        "topic": "NoSuchTopic", "group": GROUP, "timestamp": "0"})
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "no topic in this broker" in (resp.remark or "")
+    resp = rpc(master.addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {
+        "topic": TOPIC, "group": "CG_NEVER", "timestamp": "0"})
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "CG_NEVER" in (resp.remark or "")
