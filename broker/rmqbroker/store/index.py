@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from rmqbroker.store.errors import StoreError
+from rmqbroker.store.mapped_file import TMP_SUFFIX, create_sized
 from rmqbroker.store.record import java_string_hash
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ ENTRY = struct.Struct(">iqii")
 ENTRY_SIZE = ENTRY.size  # 20
 _INT_MAX = 0x7FFFFFFF
 _NAME = re.compile(r"^\d{17}$")
-TMP_SUFFIX = ".creating"
 
 
 def key_hash(key: str) -> int:
@@ -70,7 +70,7 @@ class IndexFile:
         self.index_num = index_num
         self.file_size = HEADER_SIZE + slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
         try:
-            fd = _create_sized(path, self.file_size) if create else os.open(path, os.O_RDWR)
+            fd = create_sized(path, self.file_size) if create else os.open(path, os.O_RDWR)
         except OSError as exc:
             raise StoreError(f"cannot {'create' if create else 'open'} index file {path}: {exc}") from exc
         try:
@@ -181,24 +181,6 @@ class IndexFile:
             self.path.unlink()
         except FileNotFoundError:
             pass
-
-
-def _create_sized(path: Path, size: int) -> int:
-    """Create ``path`` sparse at its full size under a temporary name, then rename it into place."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.ftruncate(fd, size)
-        os.rename(tmp, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return fd
 
 
 class IndexService:

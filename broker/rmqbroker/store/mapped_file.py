@@ -21,7 +21,7 @@ from rmqbroker.store.errors import StoreConfigError, StoreError
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^\d{20}$")
-# Suffix of a segment being created (see _create_sized); leftovers from a crash are deleted at load.
+# Suffix of a segment being created (see create_sized); leftovers from a crash are deleted at load.
 TMP_SUFFIX = ".creating"
 # Zeroing works in chunks so a 1 GiB tail is never copied into memory at once.
 _ZERO_CHUNK = 1 << 20
@@ -56,7 +56,7 @@ class MappedFile:
         except ValueError as exc:
             raise StoreError(f"segment name {path.name!r} is not a 20-digit offset") from exc
         try:
-            fd = _create_sized(path, file_size) if create else os.open(path, os.O_RDWR)
+            fd = create_sized(path, file_size) if create else os.open(path, os.O_RDWR)
         except OSError as exc:
             raise StoreError(f"cannot {'create' if create else 'open'} segment {path}: {exc}") from exc
         try:
@@ -201,11 +201,12 @@ class MappedFile:
         _unlink_quietly(self.path)
 
 
-def _create_sized(path: Path, file_size: int) -> int:
+def create_sized(path: Path, file_size: int) -> int:
     """Create ``path`` at its full size atomically; returns an open read/write descriptor.
 
-    The file is sized under a temporary name and renamed into place (directory fsynced), so a
-    crash never leaves a short segment that would make the next start refuse the store.
+    The file is sized under a temporary name (``TMP_SUFFIX``) and renamed into place (directory
+    fsynced), so a crash never leaves a short file that would make the next start refuse the store.
+    Index files are created the same way.
     """
     if path.exists():
         raise FileExistsError(errno.EEXIST, "segment exists already", str(path))
