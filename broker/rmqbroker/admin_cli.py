@@ -280,6 +280,39 @@ async def topic_route(admin: Admin, args: argparse.Namespace) -> str:
     return json.dumps(fastjson_loads(bytes(resp.body)), indent=2, sort_keys=True)
 
 
+def _connections(doc: dict[str, Any]) -> list[list[str]]:
+    rows = [["#ClientId", "#ClientAddr", "#Language", "#Version"]]
+    for c in doc.get("connectionSet", []):
+        rows.append([str(c.get("clientId")), str(c.get("clientAddr")), str(c.get("language")), str(c.get("version"))])
+    return rows
+
+
+async def consumer_connection(admin: Admin, args: argparse.Namespace) -> str:
+    """Which clients of a group are connected, what they subscribe to and how they consume."""
+    if args.broker:
+        addr = args.broker
+    else:
+        # A consumer group's retry topic is routed to the brokers its members heartbeat to.
+        readers = await admin.route_readers(f"%RETRY%{args.group}")
+        addr = sorted(readers.values())[0]
+    resp = await admin.call(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {wire.CONSUMER_GROUP: args.group})
+    doc = fastjson_loads(bytes(resp.body))
+    out = [_table(_connections(doc)), ""]
+    rows = [["#Topic", "#SubExpression"]]
+    rows.extend([topic, str(sd.get("subString"))] for topic, sd in sorted(doc.get("subscriptionTable", {}).items()))
+    out += [_table(rows), "", f"ConsumeType: {doc.get('consumeType')}", f"MessageModel: {doc.get('messageModel')}",
+            f"ConsumeFromWhere: {doc.get('consumeFromWhere')}"]
+    return "\n".join(out)
+
+
+async def producer_connection(admin: Admin, args: argparse.Namespace) -> str:
+    out = []
+    for _name, addr in sorted((await admin.route_masters(args.topic)).items()):
+        resp = await admin.call(addr, RequestCode.GET_PRODUCER_CONNECTION_LIST, {wire.PRODUCER_GROUP: args.group})
+        out.append(_table(_connections(fastjson_loads(bytes(resp.body)))))
+    return "\n".join(out)
+
+
 def _timestamp(text: str) -> int:
     """mqadmin's -s: ``now``, milliseconds, or ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time)."""
     if text == "now":
@@ -433,6 +466,8 @@ COMMANDS = {
     "getBrokerConfig": (get_broker_config, "a broker's settings (secrets masked), or every broker's of a cluster"),
     "topicList": (topic_list, "every topic the nameserver routes"),
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
+    "consumerConnection": (consumer_connection, "a consumer group's connected clients and subscriptions"),
+    "producerConnection": (producer_connection, "a producer group's connected clients (on the topic's brokers)"),
     "resetOffsetByTime": (reset_offset_by_time, "move a consumer group's offsets on a topic to a point in time "
                           "(online consumers follow at once)"),
 }
@@ -483,6 +518,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
     q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
     parsers["queryMsgById"].add_argument("-i", "--msgId", dest="msg_id", required=True)
+    c = parsers["consumerConnection"]
+    c.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    c.add_argument("-b", "--brokerAddr", dest="broker", default=None, help="ask this broker (default: by route)")
+    pc = parsers["producerConnection"]
+    pc.add_argument("-g", "--producerGroup", dest="group", required=True)
+    pc.add_argument("-t", "--topic", required=True)
     r = parsers["resetOffsetByTime"]
     r.add_argument("-g", "--group", required=True)
     r.add_argument("-t", "--topic", required=True)

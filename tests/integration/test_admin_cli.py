@@ -10,7 +10,16 @@ import pytest
 from rmqbroker.admin_cli import main
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
-from tests.integration.helpers import poll, route, rpc, send_raw, wait_route
+from tests.integration.helpers import (
+    PushConsumer,
+    StreamProducer,
+    create_topic_and_wait,
+    poll,
+    route,
+    rpc,
+    send_raw,
+    wait_route,
+)
 
 TOPIC = "CliTopic"
 
@@ -133,3 +142,38 @@ def test_admin_cli_reads_status_config_topics_and_routes(cluster: Cluster,
     route_doc = json.loads(out)
     assert route_doc["queueDatas"][0]["writeQueueNums"] == 3
     assert route_doc["brokerDatas"][0]["brokerAddrs"] == {"0": master.addr, "1": slave.addr}
+
+
+def test_admin_cli_lists_consumer_and_producer_connections(cluster: Cluster,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-k")
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    n = ("-n", ns.addr)
+    producer = StreamProducer(ns.addr, TOPIC, "conn", cluster.workdir / "conn-producer.jsonl", count=100_000,
+                              size=64, seconds=20)
+    try:
+        with PushConsumer(ns.addr, "CG_CONN", TOPIC, expression="TagA || TagB", log_dir=cluster.workdir) as consumer:
+            consumer.wait_started()
+
+            def listed() -> str | None:
+                code, out, _ = run(capsys, "consumerConnection", *n, "-g", "CG_CONN")
+                return out if code == 0 else None
+
+            out = poll(listed, 30, interval=0.5, what="consumer connection listed")
+            rows = [line.split() for line in out.splitlines()]
+            assert rows[1][2:] and rows[1][2] == "CPP" and rows[1][1].startswith("127.0.0.1:")
+            assert [TOPIC, "TagA", "||", "TagB"] in rows
+            assert "MessageModel: CLUSTERING" in out and "ConsumeType: CONSUME_PASSIVELY" in out
+
+            def producer_listed() -> str | None:
+                code, out, _ = run(capsys, "producerConnection", *n, "-g", "PG_STREAM", "-t", TOPIC)
+                return out if code == 0 else None
+
+            out = poll(producer_listed, 30, interval=0.5, what="producer connection listed")
+            assert out.splitlines()[1].split()[2] == "CPP"
+    finally:
+        producer.proc.kill()
+        producer.proc.wait(10)
+    code, _, err = run(capsys, "consumerConnection", *n, "-g", "CG_NOBODY", "-b", master.addr)
+    assert code == 1 and "not online" in err

@@ -1,16 +1,25 @@
-"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK/UNLOCK_BATCH_MQ (reference §2.6-§2.7, §2.11)."""
+"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK/UNLOCK_BATCH_MQ (reference §2.6-§2.7, §2.11),
+and the connection lists mqadmin consumerConnection / producerConnection read (203, 204)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE, retry_topic
-from rmqbroker.processors.clients import ClientChannel, SubscriptionData, SubscriptionParseError, build_subscription
+from rmqbroker.processors.clients import (
+    CONSUME_FROM,
+    CONSUME_TYPES,
+    MESSAGE_MODELS,
+    ClientChannel,
+    SubscriptionData,
+    SubscriptionParseError,
+    build_subscription,
+)
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -19,6 +28,20 @@ from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import BadRequestError, Header
 
 log = logging.getLogger(__name__)
+
+
+def _connection_set(channels: Iterable[ClientChannel]) -> list[dict[str, Any]]:
+    return [{"clientId": ch.client_id, "clientAddr": ch.conn.remote_addr, "language": ch.language,
+             "version": ch.version} for ch in sorted(channels, key=lambda c: (c.client_id, c.conn.remote_addr))]
+
+
+def _subscription_json(sd: SubscriptionData) -> dict[str, Any]:
+    return {"classFilterMode": False, "codeSet": sorted(sd.codes), "expressionType": "TAG",
+            "subString": sd.sub_string, "subVersion": sd.sub_version, "tagsSet": sorted(sd.tags), "topic": sd.topic}
+
+
+def _name(names: tuple[str, ...], ordinal: int) -> str:
+    return names[ordinal] if 0 <= ordinal < len(names) else str(ordinal)
 
 
 def _json_object(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
@@ -91,6 +114,8 @@ class ClientManageProcessor:
         server.register(RequestCode.HEART_BEAT, self.heartbeat)
         server.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
         server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
+        server.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, self.consumer_connections)
+        server.register(RequestCode.GET_PRODUCER_CONNECTION_LIST, self.producer_connections)
         server.register(RequestCode.LOCK_BATCH_MQ, self.lock_batch)
         server.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock_batch)
 
@@ -130,6 +155,30 @@ class ClientManageProcessor:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return cmd.make_response(ResponseCode.SUCCESS,
                                  body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
+
+    async def consumer_connections(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """ConsumerConnection: the group's connected clients, subscriptions and consume settings."""
+        group = Header(cmd.ext_fields).req_str(wire.CONSUMER_GROUP)
+        info = self.ctx.clients.consumers.get(group)
+        if info is None or not info.channels:
+            return cmd.make_response(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        body = {
+            "connectionSet": _connection_set(info.channels.values()),
+            "subscriptionTable": {topic: _subscription_json(sd) for topic, sd in sorted(info.subscriptions.items())},
+            "consumeType": _name(CONSUME_TYPES, info.consume_type),
+            "messageModel": _name(MESSAGE_MODELS, info.message_model),
+            "consumeFromWhere": _name(CONSUME_FROM, info.consume_from_where),
+        }
+        return cmd.make_response(ResponseCode.SUCCESS, body=json.dumps(body, separators=(",", ":")).encode())
+
+    async def producer_connections(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """ProducerConnection: the group's connected clients."""
+        group = Header(cmd.ext_fields).req_str(wire.PRODUCER_GROUP)
+        channels = self.ctx.clients.producers.get(group)
+        if not channels:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        body = {"connectionSet": _connection_set(channels.values())}
+        return cmd.make_response(ResponseCode.SUCCESS, body=json.dumps(body, separators=(",", ":")).encode())
 
     async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         req = _json_object(cmd.body, "lock")
