@@ -74,6 +74,11 @@ def broker_sts_name(spec: GroupSpec) -> str:
     return spec.name
 
 
+def claim_name(spec: GroupSpec, ordinal: int) -> str:
+    """The PersistentVolumeClaim the StatefulSet made for a pod (template ``data``)."""
+    return f"data-{broker_sts_name(spec)}-{ordinal}"
+
+
 def headless_name(spec: GroupSpec) -> str:
     return f"{spec.name}-headless"
 

@@ -35,13 +35,15 @@ from rmqoperator.failover import (
     plan_alignment,
 )
 from rmqoperator.k8s import ApiError, KubeApi
-from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
+from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas, volume_resizes
 from rmqoperator.rolling import RollStep, next_restart
 from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, parse_spec, problems
 from rmqoperator.status import Cond, Health, conditions, merge_conditions, now_iso, phase, replica_rows, summary
 from rmqoperator.verifier import Verifier
 
 log = logging.getLogger(__name__)
+# How often a polling round looks at the brokers' volume claims besides spec changes (s).
+VOLUME_CHECK_SECONDS = 60.0
 
 Obj = dict[str, Any]
 
@@ -80,6 +82,8 @@ class GroupController:
         self.invalid: str | None = None
         self.paused = False
         self.scale_note: str | None = None
+        self.storage_note: str | None = None
+        self._volumes_checked = -1e9  # time.monotonic() of the last look at the claims
         self.generation: int | None = None
         self.rows: list[dict[str, Any]] = []
         self.failover: FailoverDecision | None = None
@@ -166,6 +170,48 @@ class GroupController:
         if changed:
             log.info("%s/%s: %s", self.namespace, self.name, ", ".join(changed))
         self.spec = spec
+        await self._resize_volumes(spec)
+
+    async def _resize_volumes(self, spec: GroupSpec) -> None:
+        """Grow every broker's PersistentVolumeClaim to ``spec.storage.size``.
+
+        A StatefulSet's claim template cannot change, so its claims are patched one by one; the
+        StorageClass must allow expansion. Claims made later from the old template (scale-up) are
+        grown on a later round. Claims larger than the spec stay: volumes never shrink.
+        """
+        assert self.state is not None
+        self._volumes_checked = time.monotonic()
+        names = [builders.claim_name(spec, o) for o in sorted(self.state.assignment)]
+        claims: dict[str, str | None] = {}
+        failed: list[str] = []
+        for name in names:
+            try:
+                pvc = await self.api.get("v1", "PersistentVolumeClaim", spec.namespace, name)
+            except ApiError as exc:
+                failed.append(f"{name}: {exc.message or exc.reason}")
+                continue
+            claims[name] = None if pvc is None else \
+                str((((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage", ""))
+        grow, larger = volume_resizes(claims, spec.storage_size)
+        for name, size in grow.items():
+            try:
+                await self.api.patch("v1", "PersistentVolumeClaim", spec.namespace, name,
+                                     {"spec": {"resources": {"requests": {"storage": size}}}})
+            except ApiError as exc:
+                failed.append(f"{name}: {exc.message or exc.reason}")
+                continue
+            await self._event("Normal", "VolumeExpansion", f"{name}: storage request {claims[name]} -> {size}")
+        notes = []
+        if failed:
+            notes.append(f"volumes not resized to {spec.storage_size} (does the StorageClass allow expansion?): "
+                         + "; ".join(failed))
+        if larger:
+            notes.append(f"spec.storage.size {spec.storage_size} is below existing volumes, which never shrink: "
+                         + ", ".join(larger))
+        note = "; ".join(notes) or None
+        if note and note != self.storage_note:
+            await self._event("Warning", "VolumeNotResized", note)
+        self.storage_note = note
 
     async def _ensure_token(self, spec: GroupSpec) -> str:
         secret = await self.api.ensure_created(builders.admin_secret(spec, secrets.token_hex(24)))
@@ -246,6 +292,12 @@ class GroupController:
                 await self._align(spec, views, now)
                 self._settle_demotions(spec, views)
                 self.roll = await self._roll(spec, views) if decision.action == "none" else None
+                if now - self._volumes_checked >= VOLUME_CHECK_SECONDS:
+                    # Claims a scale-up made from the old template, or a resize that failed before.
+                    try:
+                        await self._resize_volumes(spec)
+                    except ApiError as exc:
+                        log.warning("%s/%s: volume check failed: %s", self.namespace, self.name, exc)
             self.failover = decision
             self.rows = replica_rows(spec, self.state, views)
             await self._verify(spec, body)
@@ -383,7 +435,8 @@ class GroupController:
         if self.generation is not None:
             status["observedGeneration"] = self.generation
         health = Health(invalid=self.invalid, paused=self.paused, failover=self.failover,
-                        scale_note=self.scale_note, roll_reason=self.roll.reason if self.roll else None,
+                        scale_note=self.scale_note, storage_note=self.storage_note,
+                        roll_reason=self.roll.reason if self.roll else None,
                         roll_pending=self.roll.pending if self.roll else ())
         if spec is not None:
             status.update(self.state.to_status(spec))

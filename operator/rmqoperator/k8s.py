@@ -17,6 +17,7 @@ rmq.brokergroup.dev    brokergroups/status                      get, patch
 "" (core)              configmaps, services                     get, create, patch, delete
 "" (core)              secrets                                  get, create, delete
 "" (core)              pods                                     list, delete
+"" (core)              persistentvolumeclaims                   get, patch
 batch                  jobs                                     get, list, create, delete
 apps                   statefulsets                             get, create, patch, delete
 policy                 poddisruptionbudgets                     get, create, patch, delete
@@ -63,6 +64,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Secret"): "secrets",
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Event"): "events",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("batch/v1", "Job"): "jobs",

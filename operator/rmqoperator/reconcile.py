@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rmqoperator.builders import Assignment, pod_name, pod_ordinal
-from rmqoperator.spec import GroupSpec
+from rmqoperator.spec import GroupSpec, quantity_bytes
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +104,22 @@ def statefulset_replicas(replicas: int, state: GroupState) -> tuple[int, str | N
         return m + 1, (f"scale-down to {replicas} refused: the master is pod ordinal {m}; it is kept "
                        f"until another pod is master")
     return replicas, None
+
+
+def volume_resizes(claims: Mapping[str, str | None], size: str) -> tuple[dict[str, str], list[str]]:
+    """Claims to grow to ``size`` (name -> size), and claims already larger, which are left alone
+    (volumes never shrink). ``claims`` maps each claim to its requested storage (None: not there)."""
+    want = quantity_bytes(size)
+    grow: dict[str, str] = {}
+    larger: list[str] = []
+    if want is None:
+        return grow, larger
+    for name, have in sorted(claims.items()):
+        if have is None:
+            continue
+        current = quantity_bytes(have)
+        if current is None or current < want:
+            grow[name] = size
+        elif current > want:
+            larger.append(f"{name} ({have})")
+    return grow, larger

@@ -116,6 +116,22 @@ class GroupSpec:
         return GroupSpec(**obj)
 
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(text: str) -> int | None:
+    """A Kubernetes storage quantity (the forms the CRD admits: ``10Gi``, ``1.5T``, ``500M``, ``1024``)
+    in bytes, or None when it is not one."""
+    m = _QUANTITY.match(text.strip())
+    if m is None:
+        return None
+    whole, _, frac = m.group(1).partition(".")
+    unit = _QUANTITY_UNITS[m.group(2)]
+    return int(whole) * unit + (int(frac) * unit) // 10 ** len(frac) if frac else int(whole) * unit
+
+
 def _get(obj: Mapping[str, Any], key: str, typ: type, default: Any, path: str) -> Any:
     value = obj.get(key)
     if value is None:
@@ -213,6 +229,8 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append("spec.nameServer.managed.replicas must be from 1 to 5")
     if not spec.failover.master_lost_seconds >= 1:
         out.append("spec.failover.masterLostSeconds must be at least 1")
+    if not quantity_bytes(spec.storage_size):
+        out.append(f"spec.storage.size {spec.storage_size!r} is not a storage quantity (e.g. 10Gi)")
     ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]
     if len(set(ports)) != len(ports):
         out.append("spec.ports: listen, ha and admin must differ")

@@ -108,6 +108,7 @@ class Health:
     paused: bool = False
     failover: FailoverDecision | None = None
     scale_note: str | None = None
+    storage_note: str | None = None  # volumes that could not be resized to spec.storage.size
     roll_reason: str | None = None
     roll_pending: tuple[str, ...] = ()
 
@@ -171,10 +172,13 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         issues.append(f"former master(s) to demote when back: {', '.join(state.pending_demotion)}")
     if health.scale_note:
         issues.append(health.scale_note)
+    if health.storage_note:
+        issues.append(health.storage_note)
     if health.invalid:
         issues.append("spec invalid: running brokers left as they are")
     if issues:
         reason = ("ScaleDownRefused" if health.scale_note else
+                  "VolumeNotResized" if health.storage_note else
                   "InvalidSpec" if health.invalid else
                   "MasterBehindSlave" if ahead else
                   "DiskFull" if full else

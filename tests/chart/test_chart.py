@@ -70,6 +70,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "secrets"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("policy", "poddisruptionbudgets"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "persistentvolumeclaims"): {"get", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},

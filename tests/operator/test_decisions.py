@@ -257,3 +257,29 @@ def test_last_transition_time_kept_while_status_unchanged() -> None:
     assert again[1] == {"type": "ReplicasVerified", "status": "True"}
     flipped = merge_conditions(again, [Cond("Ready", False, "MasterUnavailable")], 2, "t3")
     assert flipped[0]["lastTransitionTime"] == "t3"
+
+
+# ---------------------------------------------------------------- storage
+def test_storage_quantities_and_which_claims_grow() -> None:
+    from rmqoperator.reconcile import volume_resizes
+    from rmqoperator.spec import problems, quantity_bytes
+
+    assert quantity_bytes("10Gi") == 10 * 2**30 and quantity_bytes("1.5Ti") == 3 * 2**39
+    assert quantity_bytes("500M") == 500 * 10**6 and quantity_bytes("1024") == 1024
+    assert quantity_bytes("0.5k") == 500
+    for bad in ("10GB", "ten", "", "1e9", "-1Gi"):
+        assert quantity_bytes(bad) is None, bad
+    claims = {"data-g-0": "10Gi", "data-g-1": "20Gi", "data-g-2": None, "data-g-3": "10737418240"}
+    assert volume_resizes(claims, "20Gi") == ({"data-g-0": "20Gi", "data-g-3": "20Gi"}, [])
+    assert volume_resizes(claims, "10Gi") == ({}, ["data-g-1 (20Gi)"])
+    assert volume_resizes(claims, "nonsense") == ({}, [])
+    assert any("spec.storage.size" in p for p in problems(dataclasses.replace(SPEC, storage_size="lots")))
+    assert not any("storage" in p for p in problems(SPEC))
+
+
+def test_a_volume_that_was_not_resized_degrades_the_group() -> None:
+    views = pods(master(2000), slave(1, 2000), slave(2, 2000))
+    rows = replica_rows(SPEC, STATE, views)
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health(storage_note="volumes not resized: x"))}
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "VolumeNotResized")
+    assert conds["Ready"].status is True

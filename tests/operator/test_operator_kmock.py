@@ -7,7 +7,7 @@ from typing import Any
 from rmqbroker.config import parse_properties
 from rmqoperator.builders import CONFIG_HASH_ANNOTATION
 from tests.operator.conftest import example
-from tests.operator.emulator import GROUP, OperatorHarness, condition, wait_for
+from tests.operator.emulator import GROUP, NS, OperatorHarness, condition, wait_for
 from tests.operator.podrunner import FakeBackend, PodRunner
 
 NAME = "broker-a"
@@ -230,3 +230,35 @@ def test_failover_repoint_demotion_and_refused_scale_down(harness: OperatorHarne
     assert "ordinal 1" in cond["message"]
     assert h.client.get("apps/v1", "statefulsets", NAME)["spec"]["replicas"] == 2  # type: ignore[index]
     assert sorted(confs(h)) == ["broker-0.conf", "broker-1.conf"]
+
+
+def test_raising_the_storage_size_grows_the_claims_and_never_shrinks_them(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h = harness
+    h.client.apply_group(example(replicas=2, storage={"size": "10Gi"}))
+    wait_ready(h, in_sync=2)
+    # What the StatefulSet controller makes from the claim template (the emulator runs none).
+    for ordinal in (0, 1):
+        h.client.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                         "metadata": {"name": f"data-{NAME}-{ordinal}", "namespace": NS},
+                         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}},
+                        "persistentvolumeclaims")
+
+    def requested() -> list[str]:
+        return [str(((h.client.get("v1", "persistentvolumeclaims", f"data-{NAME}-{o}") or {}).get("spec") or {})
+                    ["resources"]["requests"]["storage"]) for o in (0, 1)]
+
+    runner = fake_pods[0]
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"spec": {"storage": {"size": "1.5Ti"}}})
+    wait_for(lambda: requested() == ["1.5Ti", "1.5Ti"], 20, "claims grown")
+    assert len(h.client.events("VolumeExpansion")) == 2
+    assert runner.deleted == []  # growing a volume restarts no broker
+    wait_ready(h, in_sync=2)
+
+    h.client.patch_group(NAME, {"spec": {"storage": {"size": "5Gi"}}})
+    degraded = wait_for(lambda: (c := condition(h.client.group(NAME), "Degraded")).get("reason") == "VolumeNotResized"
+                        and c, 20, "shrink refused")
+    assert "never shrink" in degraded["message"] and f"data-{NAME}-0 (1.5Ti)" in degraded["message"]
+    assert requested() == ["1.5Ti", "1.5Ti"]
+    assert h.client.events("VolumeNotResized")
