@@ -107,6 +107,7 @@ class CleanService:
         self.commitlog_files_deleted = 0
         self.consume_queue_files_deleted = 0
         self.rounds = 0
+        self._space_full = False  # last round saw the disk over diskMaxUsedSpaceRatio (logged once)
 
     def request_manual_delete(self) -> None:
         """DELETE_EXPIRED_COMMITLOG: delete expired segments in the coming rounds whatever the hour."""
@@ -134,13 +135,6 @@ class CleanService:
         async with self._lock:
             return await self._round()
 
-    async def clean_consume_queues(self) -> int:
-        """CLEAN_EXPIRED_CONSUMEQUEUE: drop consume-queue files below the commitlog's start now."""
-        async with self._lock:
-            n = await self.store.clean_consume_queues()
-            self.consume_queue_files_deleted += n
-            return n
-
     async def _round(self) -> RoundReport:
         cfg = self.config
         store = self.store
@@ -161,9 +155,14 @@ class CleanService:
             log.warning("disk of %s is %.1f%% used again: accepting messages", store.config.commit_log_dir, percent)
             store.set_disk_full(False)
         space_full = ratio < 0 or percent > cfg.disk_max_used_space_ratio
-        if space_full and ratio >= 0:
-            log.warning("disk of %s is %.1f%% used (over diskMaxUsedSpaceRatio %d%%): reclaiming space",
-                        store.config.commit_log_dir, percent, cfg.disk_max_used_space_ratio)
+        if space_full != self._space_full:
+            if ratio < 0:
+                log.warning("cannot measure the disk of %s: deleting expired segments at any hour",
+                            store.config.commit_log_dir)
+            elif space_full:
+                log.warning("disk of %s is %.1f%% used (over diskMaxUsedSpaceRatio %d%%): deleting expired "
+                            "segments at any hour", store.config.commit_log_dir, percent, cfg.disk_max_used_space_ratio)
+            self._space_full = space_full
         hour = time.localtime(self._clock()).tm_hour
         time_up = hour in cfg.delete_when
         manual = self._manual_rounds > 0
