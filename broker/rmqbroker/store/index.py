@@ -203,7 +203,15 @@ class IndexService:
         for leftover in self.directory.glob("*" + TMP_SUFFIX):
             leftover.unlink(missing_ok=True)
         for name in sorted(p.name for p in self.directory.iterdir() if _NAME.match(p.name)):
-            f = IndexFile(self.directory / name, self.slot_num, self.index_num, create=False)
+            try:
+                f = IndexFile(self.directory / name, self.slot_num, self.index_num, create=False)
+            except StoreError as exc:
+                # The commitlog is the truth and the index only a lookup aid: a broker must not stay
+                # down for it. The file is kept aside for inspection; its messages are not found by key.
+                aside = self.directory / (name + ".unusable")
+                log.error("%s; moving it aside to %s (queries miss the messages it indexed)", exc, aside.name)
+                os.replace(self.directory / name, aside)
+                continue
             if f.count > 1 and f.begin_phy >= commitlog_end:
                 log.warning("index file %s starts at %d, beyond the commitlog end %d; deleting it", name,
                             f.begin_phy, commitlog_end)

@@ -106,13 +106,28 @@ def test_rollover_restart_truncate_and_expiry(tmp_path: Path) -> None:
         IndexService(d, slot_num=0, index_num=10)
 
 
-def test_a_file_of_another_size_is_refused(tmp_path: Path) -> None:
-    svc = IndexService(tmp_path / "index", slot_num=11, index_num=10)
+def test_an_unusable_file_is_set_aside_and_indexing_goes_on(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "index"
+    svc = IndexService(d, slot_num=11, index_num=10)
     svc.load(0)
     svc.build(1, "T", T0, None, "k")
     svc.close()
-    with pytest.raises(StoreError, match="maxHashSlotNum"):
-        IndexService(tmp_path / "index", slot_num=12, index_num=10).load(100)
+    other = IndexService(d, slot_num=12, index_num=10)  # maxHashSlotNum changed: another file size
+    other.load(100)
+    assert other.files == [] and "maxHashSlotNum" in caplog.text
+    assert [p.name.endswith(".unusable") for p in d.iterdir()] == [True]
+    other.build(5, "T", T0, None, "k2")
+    assert other.query("T", "k2", 64, 0, T0 + 1)[0] == [5]
+    other.close()
+    # A header with an impossible entry count is set aside the same way.
+    f = next(p for p in d.iterdir() if not p.name.endswith(".unusable"))
+    with open(f, "r+b") as fh:
+        fh.seek(36)
+        fh.write(struct.pack(">i", 10**6))
+    third = IndexService(d, slot_num=12, index_num=10)
+    third.load(100)
+    assert third.files == [] and len(list(d.iterdir())) == 2
 
 
 # ---------------------------------------------------------------- through the store
