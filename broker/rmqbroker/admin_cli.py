@@ -313,6 +313,25 @@ async def producer_connection(admin: Admin, args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+async def _write_perm(admin: Admin, args: argparse.Namespace, code: int, count_field: str, verb: str) -> str:
+    if not admin.namesrvs:
+        raise AdminError("no nameserver: give -n host:port (or set NAMESRV_ADDR)")
+    out = []
+    for ns in admin.namesrvs:  # every nameserver keeps its own routes
+        resp = await admin.call(ns, code, {wire.BROKER_NAME: args.broker_name})
+        out.append(f"{verb} write perm of broker[{args.broker_name}] in name server[{ns}] OK, "
+                   f"{resp.ext_fields.get(count_field, '0')}")
+    return "\n".join(out)
+
+
+async def wipe_write_perm(admin: Admin, args: argparse.Namespace) -> str:
+    return await _write_perm(admin, args, RequestCode.WIPE_WRITE_PERM_OF_BROKER, wire.WIPE_TOPIC_COUNT, "wipe")
+
+
+async def add_write_perm(admin: Admin, args: argparse.Namespace) -> str:
+    return await _write_perm(admin, args, RequestCode.ADD_WRITE_PERM_OF_BROKER, wire.ADD_TOPIC_COUNT, "add")
+
+
 def _timestamp(text: str) -> int:
     """mqadmin's -s: ``now``, milliseconds, or ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time)."""
     if text == "now":
@@ -468,6 +487,9 @@ COMMANDS = {
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
     "consumerConnection": (consumer_connection, "a consumer group's connected clients and subscriptions"),
     "producerConnection": (producer_connection, "a producer group's connected clients (on the topic's brokers)"),
+    "wipeWritePerm": (wipe_write_perm, "producers stop sending to a broker group (its routes lose write "
+                      "permission on every nameserver)"),
+    "addWritePerm": (add_write_perm, "give a broker group's routes write permission back"),
     "resetOffsetByTime": (reset_offset_by_time, "move a consumer group's offsets on a topic to a point in time "
                           "(online consumers follow at once)"),
 }
@@ -524,6 +546,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     pc = parsers["producerConnection"]
     pc.add_argument("-g", "--producerGroup", dest="group", required=True)
     pc.add_argument("-t", "--topic", required=True)
+    for name in ("wipeWritePerm", "addWritePerm"):
+        parsers[name].add_argument("-b", "--brokerName", dest="broker_name", required=True)
     r = parsers["resetOffsetByTime"]
     r.add_argument("-g", "--group", required=True)
     r.add_argument("-t", "--topic", required=True)

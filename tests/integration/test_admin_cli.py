@@ -14,7 +14,9 @@ from tests.integration.helpers import (
     PushConsumer,
     StreamProducer,
     create_topic_and_wait,
+    message,
     poll,
+    produce,
     route,
     rpc,
     send_raw,
@@ -177,3 +179,33 @@ def test_admin_cli_lists_consumer_and_producer_connections(cluster: Cluster,
         producer.proc.wait(10)
     code, _, err = run(capsys, "consumerConnection", *n, "-g", "CG_NOBODY", "-b", master.addr)
     assert code == 1 and "not online" in err
+
+
+def test_wipe_and_add_write_perm_steer_the_stock_producer(cluster: Cluster,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    x = cluster.broker(ns.addr, name="broker-x")
+    y = cluster.broker(ns.addr, name="broker-y")
+    n = ("-n", ns.addr)
+    code, _, _ = run(capsys, "updateTopic", *n, "-c", "DefaultCluster", "-t", TOPIC, "-r", "2", "-w", "2")
+    assert code == 0
+    poll(lambda: len((route(ns.addr, TOPIC) or {}).get("queueDatas", [])) == 2, 10, what="both brokers routed")
+
+    def send_and_count() -> tuple[int, int]:
+        before = (x.status()["maxPhyOffset"], y.status()["maxPhyOffset"])
+        results = produce(ns.addr, [message(TOPIC, f"m{i}") for i in range(12)])
+        assert all(r is not None and r["status"] == 0 for r in results)
+        return x.status()["maxPhyOffset"] - before[0], y.status()["maxPhyOffset"] - before[1]
+
+    code, out, _ = run(capsys, "wipeWritePerm", *n, "-b", "broker-x")
+    assert code == 0 and f"wipe write perm of broker[broker-x] in name server[{ns.addr}] OK, " in out
+    wiped = int(out.split("OK, ")[1])  # every topic the broker serves, its built-in ones too
+    assert wiped > 1
+    perms = {q["brokerName"]: q["perm"] for q in (route(ns.addr, TOPIC) or {})["queueDatas"]}
+    assert perms == {"broker-x": 4, "broker-y": 6}
+    to_x, to_y = send_and_count()
+    assert to_x == 0 and to_y > 0  # the C++ producer leaves a broker without write permission alone
+    code, out, _ = run(capsys, "addWritePerm", *n, "-b", "broker-x")
+    assert code == 0 and int(out.split("OK, ")[1]) == wiped
+    to_x, to_y = send_and_count()
+    assert to_x > 0 and to_y > 0

@@ -112,6 +112,8 @@ class NamesrvProcessor:
         server.register(RequestCode.GET_BROKER_CLUSTER_INFO, self.get_cluster_info)
         server.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topics)
         server.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self.delete_topic)
+        server.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self.wipe_write_perm)
+        server.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self.add_write_perm)
 
     async def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
@@ -174,6 +176,19 @@ class NamesrvProcessor:
         h = Header(cmd.ext_fields)
         self.routes.delete_topic(h.req_str(wire.TOPIC), h.opt_str(wire.CLUSTER_NAME) or None)
         return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def wipe_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Producers stop sending to a broker (they follow routes), e.g. before maintenance."""
+        name = Header(cmd.ext_fields).req_str(wire.BROKER_NAME)
+        count = self.routes.set_write_perm(name, writable=False)
+        log.info("write permission of broker %s wiped in %d topic route(s)", name, count)
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields={wire.WIPE_TOPIC_COUNT: str(count)})
+
+    async def add_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        name = Header(cmd.ext_fields).req_str(wire.BROKER_NAME)
+        count = self.routes.set_write_perm(name, writable=True)
+        log.info("write permission of broker %s restored in %d topic route(s)", name, count)
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields={wire.ADD_TOPIC_COUNT: str(count)})
 
     async def get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = Header(cmd.ext_fields).req_str(wire.TOPIC)

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqbroker.metadata.topics import PERM_READ, PERM_WRITE
+
 log = logging.getLogger(__name__)
 
 MASTER_ID = 0
@@ -141,6 +143,19 @@ class RouteInfoManager:
         for tc in topics:
             self.topic_queue_table.setdefault(tc.name, {})[broker_name] = QueueData(
                 broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
+
+    def set_write_perm(self, broker_name: str, writable: bool) -> int:
+        """mqadmin wipeWritePerm / addWritePerm: the broker's queues in every route lose or get write
+        permission (read stays). It lasts until the broker registers a changed topic table, as in
+        RocketMQ. Returns how many topics the broker serves."""
+        count = 0
+        for queues in self.topic_queue_table.values():
+            qd = queues.get(broker_name)
+            if qd is None:
+                continue
+            qd.perm = (qd.perm | PERM_READ | PERM_WRITE) if writable else (qd.perm & ~PERM_WRITE)
+            count += 1
+        return count
 
     def query_data_version_changed(self, broker_addr: str, data_version: dict[str, Any],
                                    now: float | None = None) -> tuple[bool, dict[str, Any] | None]:
