@@ -289,12 +289,7 @@ def _connections(doc: dict[str, Any]) -> list[list[str]]:
 
 async def consumer_connection(admin: Admin, args: argparse.Namespace) -> str:
     """Which clients of a group are connected, what they subscribe to and how they consume."""
-    if args.broker:
-        addr = args.broker
-    else:
-        # A consumer group's retry topic is routed to the brokers its members heartbeat to.
-        readers = await admin.route_readers(f"%RETRY%{args.group}")
-        addr = sorted(readers.values())[0]
+    addr = await _group_broker(admin, args)
     resp = await admin.call(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {wire.CONSUMER_GROUP: args.group})
     doc = fastjson_loads(bytes(resp.body))
     out = [_table(_connections(doc)), ""]
@@ -303,6 +298,43 @@ async def consumer_connection(admin: Admin, args: argparse.Namespace) -> str:
     out += [_table(rows), "", f"ConsumeType: {doc.get('consumeType')}", f"MessageModel: {doc.get('messageModel')}",
             f"ConsumeFromWhere: {doc.get('consumeFromWhere')}"]
     return "\n".join(out)
+
+
+async def _group_broker(admin: Admin, args: argparse.Namespace) -> str:
+    if args.broker:
+        return str(args.broker)
+    # A consumer group's retry topic is routed to the brokers its members heartbeat to.
+    readers = await admin.route_readers(f"%RETRY%{args.group}")
+    return sorted(readers.values())[0]
+
+
+async def consumer_status(admin: Admin, args: argparse.Namespace) -> str:
+    """Each member's own account of itself (GET_CONSUMER_RUNNING_INFO, relayed by a broker)."""
+    addr = await _group_broker(admin, args)
+    if args.client_id:
+        ids = [args.client_id]
+    else:
+        listed = await admin.call(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {wire.CONSUMER_GROUP: args.group})
+        ids = fastjson_loads(bytes(listed.body)).get("consumerIdList", []) if listed.body else []
+    out: list[str] = []
+    for client_id in ids:
+        resp = await admin.call(addr, RequestCode.GET_CONSUMER_RUNNING_INFO, {
+            wire.CONSUMER_GROUP: args.group, wire.RUNNING_INFO_CLIENT_ID: client_id, wire.JSTACK_ENABLE: "false"})
+        try:
+            doc, queues = loads_mq_keyed(bytes(resp.body), "mqTable")
+        except ValueError as exc:
+            raise AdminError(f"{client_id}: unreadable ConsumerRunningInfo: {exc}") from exc
+        out.append(f"#ClientId: {client_id}")
+        out.extend(f"{k:<36}: {v}" for k, v in sorted((doc.get("properties") or {}).items()))
+        subs = [["#Topic", "#SubExpression"]]
+        subs.extend([str(sd.get("topic")), str(sd.get("subString"))] for sd in doc.get("subscriptionSet") or [])
+        out += ["", _table(subs), ""]
+        rows = [["#Topic", "#Broker", "#QID", "#CommitOffset", "#CachedMsgs", "#Dropped", "#LastConsume"]]
+        for (topic, broker, qid), pq in sorted(queues.items()):
+            rows.append([topic, broker, str(qid), str(pq.get("commitOffset")), str(pq.get("cachedMsgCount")),
+                         str(pq.get("droped", pq.get("dropped"))), _when(int(pq.get("lastConsumeTimestamp") or 0))])
+        out += [_table(rows), ""]
+    return "\n".join(out).rstrip()
 
 
 async def producer_connection(admin: Admin, args: argparse.Namespace) -> str:
@@ -486,6 +518,8 @@ COMMANDS = {
     "topicList": (topic_list, "every topic the nameserver routes"),
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
     "consumerConnection": (consumer_connection, "a consumer group's connected clients and subscriptions"),
+    "consumerStatus": (consumer_status, "each member of a consumer group reports its queues, offsets and "
+                       "settings (asked through a broker)"),
     "producerConnection": (producer_connection, "a producer group's connected clients (on the topic's brokers)"),
     "wipeWritePerm": (wipe_write_perm, "producers stop sending to a broker group (its routes lose write "
                       "permission on every nameserver)"),
@@ -540,9 +574,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
     q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
     parsers["queryMsgById"].add_argument("-i", "--msgId", dest="msg_id", required=True)
-    c = parsers["consumerConnection"]
-    c.add_argument("-g", "--consumerGroup", dest="group", required=True)
-    c.add_argument("-b", "--brokerAddr", dest="broker", default=None, help="ask this broker (default: by route)")
+    for name in ("consumerConnection", "consumerStatus"):
+        c = parsers[name]
+        c.add_argument("-g", "--consumerGroup", dest="group", required=True)
+        c.add_argument("-b", "--brokerAddr", dest="broker", default=None, help="ask this broker (default: by route)")
+    parsers["consumerStatus"].add_argument("-i", "--clientId", dest="client_id", default=None,
+                                           help="one member (default: every member)")
     pc = parsers["producerConnection"]
     pc.add_argument("-g", "--producerGroup", dest="group", required=True)
     pc.add_argument("-t", "--topic", required=True)

@@ -174,10 +174,23 @@ def test_admin_cli_lists_consumer_and_producer_connections(cluster: Cluster,
 
             out = poll(producer_listed, 30, interval=0.5, what="producer connection listed")
             assert out.splitlines()[1].split()[2] == "CPP"
+
+            # consumerStatus: the broker relays GET_CONSUMER_RUNNING_INFO to the C++ consumer and back.
+            def status_listed() -> str | None:
+                code, out, _ = run(capsys, "consumerStatus", *n, "-g", "CG_CONN")
+                return out if code == 0 and f"{TOPIC}  broker-k" in out else None
+
+            out = poll(status_listed, 30, interval=0.5, what="consumer running info")
+            assert "PROP_CONSUME_TYPE" in out and "CONSUME_PASSIVELY" in out
+            queue_rows = [r for r in (line.split() for line in out.splitlines()) if r[:2] == [TOPIC, "broker-k"]]
+            assert sorted(int(r[2]) for r in queue_rows) == [0, 1]
+            assert [TOPIC, "TagA", "||", "TagB"] in [line.split() for line in out.splitlines()]
     finally:
         producer.proc.kill()
         producer.proc.wait(10)
     code, _, err = run(capsys, "consumerConnection", *n, "-g", "CG_NOBODY", "-b", master.addr)
+    assert code == 1 and "not online" in err
+    code, _, err = run(capsys, "consumerStatus", *n, "-g", "CG_NOBODY", "-b", master.addr, "-i", "nobody@1")
     assert code == 1 and "not online" in err
 
 

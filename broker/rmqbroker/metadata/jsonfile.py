@@ -97,9 +97,11 @@ def fastjson_loads(text: str | bytes) -> Any:
 
 
 # A MessageQueue where fastjson writes it as a map key (TopicStatsTable, ConsumeStats): the bare
-# object, fields in name order. Not valid JSON; every RocketMQ client parses it.
+# object, fields in name order. Not valid JSON; every RocketMQ client parses it. The C++ client
+# writes the same keys pretty-printed (ConsumerRunningInfo), hence the optional whitespace.
 MessageQueue = tuple[str, str, int]  # (topic, brokerName, queueId)
-_MQ_KEY = re.compile(r'\{"brokerName":("(?:[^"\\]|\\.)*"),"queueId":(-?\d+),"topic":("(?:[^"\\]|\\.)*")\}:')
+_MQ_KEY = re.compile(r'\{\s*"brokerName"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"queueId"\s*:\s*(-?\d+)\s*,'
+                     r'\s*"topic"\s*:\s*("(?:[^"\\]|\\.)*")\s*\}\s*:')
 
 
 def mq_key(broker_name: str, topic: str, queue_id: int) -> str:
@@ -110,7 +112,7 @@ def mq_key(broker_name: str, topic: str, queue_id: int) -> str:
 def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
     """A body whose ``table`` member is keyed by MessageQueue objects: the document, and that table
     keyed by ``(topic, brokerName, queueId)``. Raises :class:`MetadataFormatError` when a key is not
-    in fastjson's exact form."""
+    in fastjson's form (whitespace aside)."""
     queues: list[MessageQueue] = []
 
     def placeholder(m: re.Match[str]) -> str:

@@ -1,5 +1,5 @@
-"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 329
-(reference §2.13, §2.14; 200-222 and 329 follow RocketMQ's AdminBrokerProcessor)."""
+"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 307, 329
+(reference §2.13, §2.14; 200-222, 307 and 329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,15 @@ from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
-from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.server import Connection, PeerRequestError, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 from rmqbroker.store.retention import CleanService
 
 log = logging.getLogger(__name__)
 
 BROKER_VERSION_DESC = "V4_9_8"
+# How long a consumer may take to describe itself (RocketMQ's Broker2Client.callClient waits 10 s).
+CALL_CONSUMER_TIMEOUT_S = 10.0
 GROUP_MAX_LENGTH = 255
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
@@ -87,6 +89,7 @@ class AdminProcessor:
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
         server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
         server.register(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
+        server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self.consumer_running_info)
         if self._cleaner is not None:
             server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
 
@@ -298,6 +301,25 @@ class AdminProcessor:
         log.info("reset offsets of group %s on %s to %s (timestamp %d, force %s) for %d client(s)", group, topic,
                  table, timestamp, force, len(info.channels))
         return cmd.make_response(ResponseCode.SUCCESS, body=java_body)
+
+    async def consumer_running_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin consumerStatus: the broker asks one connected consumer for its ConsumerRunningInfo
+        (its properties, subscriptions, and the state of every queue it consumes) and passes the
+        answer on as it came."""
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.CONSUMER_GROUP)
+        client_id = h.req_str(wire.RUNNING_INFO_CLIENT_ID)
+        info = self.ctx.clients.consumers.get(group)
+        channel = next((ch for ch in (info.channels.values() if info else ()) if ch.client_id == client_id), None)
+        if channel is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
+        ask = RemotingCommand(RequestCode.GET_CONSUMER_RUNNING_INFO, ext_fields=dict(cmd.ext_fields), body=cmd.body)
+        try:
+            answer = await channel.conn.invoke(ask, CALL_CONSUMER_TIMEOUT_S)
+        except PeerRequestError as exc:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"invoke consumer <{group}> <{client_id}> "
+                                                                f"Exception: {exc}")
+        return cmd.make_response(answer.code, answer.remark, ext_fields=dict(answer.ext_fields), body=answer.body)
 
     async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin getBrokerConfig: every setting in broker.conf format (secrets masked). The

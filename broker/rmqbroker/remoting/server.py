@@ -81,6 +81,12 @@ class Deferred:
 Handler = Callable[["Connection", RemotingCommand], Response | Deferred | Awaitable[Response]]
 
 _conn_ids = itertools.count(1)
+# Opaques of requests this server sends to its peers (their responses come back with them).
+_request_ids = itertools.count(1)
+
+
+class PeerRequestError(Exception):
+    """A request sent to a connected peer got no response (timeout, or the connection closed)."""
 
 # The frame's leading length field: int at offset 0, bytes that follow it.
 _LENGTH = struct.Struct(">i")
@@ -123,6 +129,8 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes | bytearray | memoryview] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[Callable[[Connection], None]] = []
+        # Requests sent to the peer that wait for its response, by opaque.
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
 
     # -- asyncio.Protocol --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,6 +155,10 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.server.stats.connections_open -= 1
         self.server.connections.discard(self)
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(PeerRequestError(f"{self.remote_addr} closed the connection"))
         for cb in self._close_callbacks:
             try:
                 cb(self)
@@ -202,8 +214,10 @@ class Connection(asyncio.Protocol):
     # -- dispatch --
     def _dispatch(self, cmd: RemotingCommand) -> None:
         if cmd.is_response:
-            # Brokers don't issue requests on accepted connections except oneway notifications;
-            # a stray response is ignored.
+            # The answer to a request this server sent the peer (see invoke); others are ignored.
+            fut = self._pending.pop(cmd.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(cmd)
             return
         self.server.stats.requests_total += 1
         handler = self.server.handlers.get(cmd.code)
@@ -322,6 +336,26 @@ class Connection(asyncio.Protocol):
     def send_oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY
         self.send_response(cmd)
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request to the peer (e.g. ask a client about itself) and wait for its response.
+
+        Raises :class:`PeerRequestError` after ``timeout`` seconds or when the connection closes.
+        """
+        if self.closed:
+            raise PeerRequestError(f"{self.remote_addr} is closed")
+        opaque = next(_request_ids)
+        cmd.opaque = opaque
+        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[opaque] = fut
+        self.send_response(cmd)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError as exc:
+            raise PeerRequestError(f"{self.remote_addr} did not answer request {cmd.code} within {timeout}s") \
+                from exc
+        finally:
+            self._pending.pop(opaque, None)
 
     def on_close(self, cb: Callable[[Connection], None]) -> None:
         if self.closed:

@@ -95,6 +95,10 @@ CLEAN_OFFSET = "cleanOffset"
 # --- INVOKE_BROKER_TO_RESET_OFFSET / RESET_CONSUMER_CLIENT_OFFSET (ResetOffsetRequestHeader) ---
 IS_FORCE = "isForce"
 
+# --- GET_CONSUMER_RUNNING_INFO (GetConsumerRunningInfoRequestHeader: note clientId, not clientID) ---
+RUNNING_INFO_CLIENT_ID = "clientId"
+JSTACK_ENABLE = "jstackEnable"
+
 # --- WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER responses ---
 WIPE_TOPIC_COUNT = "wipeTopicCount"
 ADD_TOPIC_COUNT = "addTopicCount"

@@ -105,3 +105,47 @@ async def test_connect_error() -> None:
     client = RemotingClient(connect_timeout=1)
     with pytest.raises(RemotingConnectError):
         await client.invoke("127.0.0.1:1", RemotingCommand(1), 1)
+
+
+async def test_server_asks_the_peer_and_gets_its_answer_or_an_error() -> None:
+    """Connection.invoke: a request from the server to a connected client (GET_CONSUMER_RUNNING_INFO),
+    answered by opaque; no answer times out; a closing peer fails what is still waiting."""
+    from rmqbroker.remoting.frame import decode_frame_payload
+    from rmqbroker.remoting.server import PeerRequestError
+
+    seen: list[Connection] = []
+
+    async def hello(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        seen.append(conn)
+        return cmd.make_response(0)
+
+    srv = RemotingServer("127.0.0.1", 0)
+    srv.register(1, hello)
+    await srv.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    try:
+        writer.write(encode_frame(RemotingCommand(1, opaque=7)))
+        await writer.drain()
+        await reader.readexactly(struct.unpack(">i", await reader.readexactly(4))[0])
+        conn = seen[0]
+
+        async def peer_answers() -> None:
+            length = struct.unpack(">i", await reader.readexactly(4))[0]
+            req = decode_frame_payload(await reader.readexactly(length))
+            writer.write(encode_frame(req.make_response(0, "it's me", body=b"about me")))
+            await writer.drain()
+
+        answering = asyncio.create_task(peer_answers())
+        answer = await conn.invoke(RemotingCommand(307, ext_fields={"clientId": "c"}), 2)
+        await answering
+        assert (answer.code, answer.remark, bytes(answer.body)) == (0, "it's me", b"about me")
+        with pytest.raises(PeerRequestError, match=r"within 0\.2s"):
+            await conn.invoke(RemotingCommand(307), 0.2)
+        waiting = asyncio.create_task(conn.invoke(RemotingCommand(307), 5))
+        await asyncio.sleep(0.05)
+        writer.close()
+        with pytest.raises(PeerRequestError, match="closed"):
+            await waiting
+    finally:
+        writer.close()
+        await srv.stop()
