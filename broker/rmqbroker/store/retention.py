@@ -154,7 +154,8 @@ class CleanService:
         elif store.disk_full and ratio >= 0:
             log.warning("disk of %s is %.1f%% used again: accepting messages", store.config.commit_log_dir, percent)
             store.set_disk_full(False)
-        space_full = ratio < 0 or percent > cfg.disk_max_used_space_ratio
+        # Over the forced-clean ratio counts as full whatever diskMaxUsedSpaceRatio says (as in Java).
+        space_full = ratio < 0 or percent > cfg.disk_max_used_space_ratio or forced
         if space_full != self._space_full:
             if ratio < 0:
                 log.warning("cannot measure the disk of %s: deleting expired segments at any hour",

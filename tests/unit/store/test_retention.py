@@ -184,6 +184,11 @@ async def test_a_disk_over_the_forced_ratio_loses_the_oldest_segments_whatever_t
     assert segments(store) == files[10:]
     assert not store.disk_full  # 86 % is under the warning ratio: still writable
     assert store.append_message(msg(TOPIC, 0, BODY)).status is PutMessageStatus.PUT_OK
+    # Over the forced-clean ratio deletion runs even when diskMaxUsedSpaceRatio is set higher.
+    await fill(store, 24)  # the first 10 segments are gone already
+    cleaner = CleanService(store, retention(disk_max_used_space_ratio=95, disk_space_clean_forcibly_ratio=50,
+                                            disk_space_warning_level_ratio=96), disk_usage=Disk(0.60))
+    assert (await cleaner.run_once()).commitlog_files_deleted == 10
     # Forcing can be switched off: then only expired segments go.
     cleaner = CleanService(store, retention(clean_file_forcibly_enable=False), disk_usage=Disk(0.86))
     assert (await cleaner.run_once()).commitlog_files_deleted == 0
