@@ -337,6 +337,17 @@ async def consumer_status(admin: Admin, args: argparse.Namespace) -> str:
     return "\n".join(out).rstrip()
 
 
+async def clone_group_offset(admin: Admin, args: argparse.Namespace) -> str:
+    """CLONE_GROUP_OFFSET on every master of the topic's route."""
+    ext = {wire.SRC_GROUP: args.src, wire.DEST_GROUP: args.dest, wire.TOPIC: args.topic,
+           wire.OFFLINE: str(args.offline).lower()}
+    out = []
+    for _name, addr in sorted((await admin.route_masters(args.topic)).items()):
+        resp = await admin.call(addr, RequestCode.CLONE_GROUP_OFFSET, ext)
+        out.append(f"{addr}: {resp.remark or 'success'}")
+    return "\n".join(out)
+
+
 async def producer_connection(admin: Admin, args: argparse.Namespace) -> str:
     out = []
     for _name, addr in sorted((await admin.route_masters(args.topic)).items()):
@@ -524,6 +535,7 @@ COMMANDS = {
     "wipeWritePerm": (wipe_write_perm, "producers stop sending to a broker group (its routes lose write "
                       "permission on every nameserver)"),
     "addWritePerm": (add_write_perm, "give a broker group's routes write permission back"),
+    "cloneGroupOffset": (clone_group_offset, "a consumer group starts where another one is on a topic"),
     "resetOffsetByTime": (reset_offset_by_time, "move a consumer group's offsets on a topic to a point in time "
                           "(online consumers follow at once)"),
 }
@@ -585,6 +597,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     pc.add_argument("-t", "--topic", required=True)
     for name in ("wipeWritePerm", "addWritePerm"):
         parsers[name].add_argument("-b", "--brokerName", dest="broker_name", required=True)
+    cg = parsers["cloneGroupOffset"]
+    cg.add_argument("-s", "--srcGroup", dest="src", required=True)
+    cg.add_argument("-d", "--destGroup", dest="dest", required=True)
+    cg.add_argument("-t", "--topic", required=True)
+    cg.add_argument("-o", "--offline", type=_bool, default=False, help="clone even where the source group is "
+                    "online without subscribing to the topic")
     r = parsers["resetOffsetByTime"]
     r.add_argument("-g", "--group", required=True)
     r.add_argument("-t", "--topic", required=True)

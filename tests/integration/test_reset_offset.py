@@ -5,6 +5,7 @@ committed directly and a consumer that starts later begins there."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -59,6 +60,14 @@ def test_reset_offset_by_time_online_and_offline(cluster: Cluster, capsys: pytes
     bodies = [m["body"] for m in msgs]
     assert all(bodies.count(f"new-{i}") == 2 for i in range(10)), bodies
     assert all(bodies.count(f"old-{i}") == 1 for i in range(10)), bodies
+
+    # A new group starts where this one is (mqadmin cloneGroupOffset), and both show as consumers.
+    assert rmq_admin(["cloneGroupOffset", *n, "-s", GROUP, "-d", "CG_CLONE", "-t", TOPIC]) == 0
+    assert "cloned 1 topic(s)" in capsys.readouterr().out
+    assert [query_consumer_offset(master.addr, "CG_CLONE", TOPIC, q) for q in (0, 1)] == \
+        [query_consumer_offset(master.addr, GROUP, TOPIC, q) for q in (0, 1)]
+    who = rpc(master.addr, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": TOPIC})
+    assert set(json.loads(bytes(who.body))["groupList"]) == {GROUP, "CG_CLONE"}
 
     # Offline: nobody to tell, so the offsets are committed directly (mqadmin's fallback); the
     # broker itself answers CONSUMER_NOT_ONLINE.

@@ -1,5 +1,5 @@
-"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 307, 329
-(reference §2.13, §2.14; 200-222, 307 and 329 follow RocketMQ's AdminBrokerProcessor)."""
+"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 300, 307,
+314, 329 (reference §2.13, §2.14; 200-329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,8 @@ class AdminProcessor:
         server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
         server.register(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self.consumer_running_info)
+        server.register(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, self.topic_consumed_by_who)
+        server.register(RequestCode.CLONE_GROUP_OFFSET, self.clone_group_offset)
         if self._cleaner is not None:
             server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
 
@@ -301,6 +303,43 @@ class AdminProcessor:
         log.info("reset offsets of group %s on %s to %s (timestamp %d, force %s) for %d client(s)", group, topic,
                  table, timestamp, force, len(info.channels))
         return cmd.make_response(ResponseCode.SUCCESS, body=java_body)
+
+    async def topic_consumed_by_who(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """The groups that consume a topic: online subscribers, and groups with offsets on it."""
+        topic = Header(cmd.ext_fields).req_str(wire.TOPIC)
+        clients = self.ctx.clients
+        groups = {g for g, info in clients.consumers.items() if info.channels and topic in info.subscriptions}
+        groups |= self.ctx.offsets.which_groups_by_topic(topic)
+        return cmd.make_response(ResponseCode.SUCCESS, body=json.dumps({"groupList": sorted(groups)},
+                                                                       separators=(",", ":")).encode())
+
+    async def clone_group_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin cloneGroupOffset: a new group starts where another one is, on one topic or on
+        every topic the source group has offsets on. Unless ``offline``, a topic the source group is
+        online without subscribing to is skipped (RocketMQ's rule)."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, SLAVE_REMARK)
+        h = Header(cmd.ext_fields)
+        src = h.req_str(wire.SRC_GROUP)
+        dest = h.req_str(wire.DEST_GROUP)
+        problem = validate_group(dest)
+        if problem is not None:
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, problem)
+        topic = h.opt_str(wire.TOPIC)
+        offline = h.opt_bool(wire.OFFLINE)
+        topics = [topic] if topic else sorted(ctx.offsets.which_topics_by_group(src))
+        src_info = ctx.clients.consumers.get(src)
+        cloned = []
+        for t in topics:
+            if ctx.topics.select(t) is None:
+                continue
+            if not offline and src_info is not None and src_info.subscriptions and t not in src_info.subscriptions:
+                continue
+            if ctx.offsets.clone_offset(src, dest, t):
+                cloned.append(t)
+        log.info("cloned offsets of group %s to %s on %s", src, dest, cloned)
+        return cmd.make_response(ResponseCode.SUCCESS, f"cloned {len(cloned)} topic(s): {', '.join(cloned)}")
 
     async def consumer_running_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin consumerStatus: the broker asks one connected consumer for its ConsumerRunningInfo

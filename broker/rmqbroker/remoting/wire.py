@@ -99,6 +99,11 @@ IS_FORCE = "isForce"
 RUNNING_INFO_CLIENT_ID = "clientId"
 JSTACK_ENABLE = "jstackEnable"
 
+# --- CLONE_GROUP_OFFSET (CloneGroupOffsetRequestHeader) ---
+SRC_GROUP = "srcGroup"
+DEST_GROUP = "destGroup"
+OFFLINE = "offline"
+
 # --- WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER responses ---
 WIPE_TOPIC_COUNT = "wipeTopicCount"
 ADD_TOPIC_COUNT = "addTopicCount"
