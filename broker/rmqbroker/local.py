@@ -146,12 +146,12 @@ def fetch_status(admin_port: int, token: str) -> dict[str, Any] | None:
 
 def status_table(state: dict[str, Any]) -> str:
     token = Path(state["tokenFile"]).read_text().strip()
-    rows = [("ID", "ROLE", "ADDRESS", "EPOCH", "MAX OFFSET", "LAG BYTES", "HA", "STATE")]
+    rows = [("ID", "ROLE", "ADDRESS", "EPOCH", "MAX OFFSET", "LAG BYTES", "DISK", "HA", "STATE")]
     statuses = [fetch_status(b["admin"], token) for b in state["brokers"]]
     master_max = next((s["maxPhyOffset"] for s in statuses if s and s.get("brokerId") == 0), None)
     for b, st in zip(state["brokers"], statuses, strict=True):
         if st is None:
-            rows.append((str(b["id"]), "-", f"127.0.0.1:{b['listen']}", "-", "-", "-", "-", "DOWN"))
+            rows.append((str(b["id"]), "-", f"127.0.0.1:{b['listen']}", "-", "-", "-", "-", "-", "DOWN"))
             continue
         lag = "-" if master_max is None or st["brokerId"] == 0 else str(max(0, master_max - st["maxPhyOffset"]))
         ha = st.get("ha") or {}
@@ -161,10 +161,18 @@ def status_table(state: dict[str, Any]) -> str:
             slaves = ha.get("slaves") or []
             link = f"{sum(1 for x in slaves if x.get('inSync'))}/{len(slaves)} in sync"
         rows.append((str(st["brokerId"]), st["role"], st["brokerAddr"], str(st.get("epoch", 0)),
-                     str(st["maxPhyOffset"]), lag, link, "UP"))
+                     str(st["maxPhyOffset"]), lag, _disk(st.get("retention") or {}), link, "UP"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
+
+
+def _disk(retention: dict[str, Any]) -> str:
+    """Used share of the disk holding the store; FULL when the broker refuses sends for it."""
+    ratio = retention.get("diskUsedRatio")
+    if not isinstance(ratio, (int, float)) or ratio < 0:
+        return "-"
+    return f"{'FULL-' if retention.get('diskFull') else ''}{ratio * 100:.0f}%"
 
 
 def _wait_ready(admin_port: int, timeout: float, proc: subprocess.Popen[bytes]) -> bool:

@@ -81,6 +81,7 @@ class Row:
     role: str
     max_offset: str
     lag: str
+    disk: str
     ha: str
     state: str
 
@@ -95,7 +96,7 @@ def status_rows(data_dir: Path) -> list[Row]:
     rows = []
     for line in lines[1:]:
         t = line.split()
-        rows.append(Row(int(t[0]), t[1], t[4], t[5], " ".join(t[6:-1]), t[-1]))
+        rows.append(Row(int(t[0]), t[1], t[4], t[5], t[6], " ".join(t[7:-1]), t[-1]))
     return rows
 
 
@@ -178,6 +179,13 @@ def test_local_group_direct_status_flush_type_and_sigterm(tmp_path: Path) -> Non
 
         rows = poll(caught_up, 30, 0.2, what="slave caught up in `rmq-local status`")
         assert int(rows[0].max_offset) == master["maxPhyOffset"]
+        # Each broker's disk as its retention service measured it (its first round, a second after start).
+        def measured() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if all(r.disk != "-" for r in rows) else None
+
+        rows = poll(measured, 10, 0.2, what="disk use measured")
+        assert all(r.disk.endswith("%") and 0 < int(r.disk.rstrip("%")) <= 100 for r in rows), rows
 
         pids = [b["pid"] for b in g.state["brokers"]]
         g.proc.send_signal(signal.SIGTERM)
