@@ -308,6 +308,8 @@ class MessageStore:
         self._abort = AbortMarker(config.abort_path)
         self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
         self.index: IndexService | None = None
+        # Records the index could not take (e.g. no room for a new index file); they stay stored.
+        self.index_failures = 0
         # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
         # are never closed under that thread.
         self._cq_io = asyncio.Lock()
@@ -607,12 +609,11 @@ class MessageStore:
         size, topic, qid, qoff, sys_flag, store_ts, props = fields
         tran = sys_flag & TRANSACTION_TYPE_MASK
         self.commitlog.last_store_timestamp = store_ts
-        index = self.index
-        if index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
+        if self.index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
             uniq = get_property(props, UNIQ_KEY)
             keys = get_property(props, KEYS)
             if uniq or keys:
-                self._index_full(index.build(phy, topic, store_ts, uniq, keys))
+                self._index(phy, topic, store_ts, uniq, keys)
         if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             return
         deleted = self._deleted
@@ -739,12 +740,11 @@ class MessageStore:
             self._logics_ts = store_ts
             if self._listeners:
                 self._notify(topic, queue_id, qoff + 1)
-        index = self.index
-        if index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
+        if self.index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
             uniq = props.get(UNIQ_KEY)
             keys = props.get(KEYS)
             if uniq or keys:
-                self._index_full(index.build(phy, topic, store_ts, uniq, keys))
+                self._index(phy, topic, store_ts, uniq, keys)
         self._reput_offset = phy + size
         # Upper-case hex of the 8-byte offset: two C calls, several times cheaper than "{:016X}".
         msg_id = (self._msg_id_prefix + phy.to_bytes(8, "big").hex().upper() if msg.store_host is None
@@ -815,11 +815,10 @@ class MessageStore:
         cq = self._get_or_create_cq(batch.topic, batch.queue_id)
         for i, (phy, item) in enumerate(zip(offsets, items, strict=True)):
             cq.put_unit(first_qoff + i, phy, item[3], tag_codes[i])
-        index = self.index
-        if index is not None:
+        if self.index is not None:
             for phy, (uniq, keys) in zip(offsets, index_keys, strict=True):
                 if uniq or keys:
-                    self._index_full(index.build(phy, batch.topic, store_ts, uniq, keys))
+                    self._index(phy, batch.topic, store_ts, uniq, keys)
         self._logics_ts = store_ts
         self._reput_offset = offsets[-1] + items[-1][3]
         if self._listeners:
@@ -938,6 +937,22 @@ class MessageStore:
             self.checkpoint.index_msg_timestamp = self.index.files[-1].end_ts
         self._flush_consume_queues_sync(self._dirty_queues(), self._logics_ts)
         return flushed
+
+    def _index(self, phy: int, topic: str, store_ts: int, uniq: str | None, keys: str | None) -> None:
+        """Index one stored record. The record is stored whatever happens here: a failure (no room
+        for a new index file) costs lookups by key, never the message or its consume-queue unit."""
+        index = self.index
+        assert index is not None
+        try:
+            full = index.build(phy, topic, store_ts, uniq, keys)
+        except (StoreError, OSError) as exc:
+            self.index_failures += 1
+            if self.index_failures == 1 or self.index_failures % 10000 == 0:
+                log.error("indexing the record at %d failed (%d failure(s) so far; queries by key will miss "
+                          "it): %s", phy, self.index_failures, exc)
+            return
+        if full:
+            self._index_full(full)
 
     def _index_full(self, full: list[IndexFile]) -> None:
         """Index files fill up rarely (20 million entries): each is made durable once, off the loop,

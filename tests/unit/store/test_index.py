@@ -220,3 +220,24 @@ async def test_retention_takes_index_files_with_the_commitlog(tmp_path: Path) ->
         assert len(store.query_message("T", f"k{i - 1}", 64, 0, 1 << 62).records) == 1
     finally:
         await store.shutdown()
+
+
+async def test_an_index_failure_never_costs_the_message(tmp_path: Path) -> None:
+    import shutil
+
+    from rmqbroker.store.message_store import GetMessageStatus
+
+    cfg = make_config(tmp_path / "store", max_hash_slot_num=5, max_index_num=5)  # 4 entries a file
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        assert store.append_message(msg("T", 0, b"first", KEYS="a b c d")).status is PutMessageStatus.PUT_OK
+        # The index file is full; where the next one must go there is now a plain file.
+        shutil.rmtree(cfg.index_dir)
+        cfg.index_dir.write_text("not a directory")
+        r = store.append_message(msg("T", 0, b"second", KEYS="e"))
+        assert r.status is PutMessageStatus.PUT_OK and store.index_failures == 1
+        got = store.get_message("CG", "T", 0, 0, 32)
+        assert got.status is GetMessageStatus.FOUND and got.message_count == 2
+    finally:
+        await store.shutdown()
