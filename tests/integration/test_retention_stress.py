@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from pathlib import Path
 
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.message_store import MessageStore
@@ -75,4 +74,4 @@ def test_segments_deleted_under_load_lose_nothing_they_should_keep(cluster: Clus
     master.stop()
     # Consume queues agree with what is left of each commitlog, after a restart from these files.
     assert consistent(master) > 0 and consistent(slave) > 0
-    assert not any(Path(p).name.endswith(".unusable") for p in os.listdir(master.store_dir / "index"))
+    assert not any(".unusable" in p for p in os.listdir(master.store_dir / "index"))

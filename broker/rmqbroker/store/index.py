@@ -209,6 +209,10 @@ class IndexService:
                 # The commitlog is the truth and the index only a lookup aid: a broker must not stay
                 # down for it. The file is kept aside for inspection; its messages are not found by key.
                 aside = self.directory / (name + ".unusable")
+                n = 1
+                while aside.exists():  # one set aside before under the same name: keep both
+                    n += 1
+                    aside = self.directory / f"{name}.unusable.{n}"
                 log.error("%s; moving it aside to %s (queries miss the messages it indexed)", exc, aside.name)
                 os.replace(self.directory / name, aside)
                 continue
