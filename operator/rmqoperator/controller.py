@@ -83,6 +83,7 @@ class GroupController:
         self.paused = False
         self.scale_note: str | None = None
         self.storage_note: str | None = None
+        self._full_disks: set[str] = set()  # pods last seen refusing sends for a full disk
         self._volumes_checked = -1e9  # time.monotonic() of the last look at the claims
         self.generation: int | None = None
         self.rows: list[dict[str, Any]] = []
@@ -300,8 +301,20 @@ class GroupController:
                         log.warning("%s/%s: volume check failed: %s", self.namespace, self.name, exc)
             self.failover = decision
             self.rows = replica_rows(spec, self.state, views)
+            await self._announce_disks()
             await self._verify(spec, body)
             await self._write_status(spec)
+
+    async def _announce_disks(self) -> None:
+        """One event when a broker's disk fills up (it refuses sends) and one when it has room again."""
+        full = {str(r["pod"]): r.get("diskUsedPercent") for r in self.rows if r.get("diskFull")}
+        for pod in sorted(set(full) - self._full_disks):
+            await self._event("Warning", "DiskFull", f"{pod}: disk {full[pod]}% used, over diskSpaceWarningLevelRatio; "
+                                                     "it refuses sends until retention frees space or the volume "
+                                                     "grows (spec.storage.size)")
+        for pod in sorted(self._full_disks - set(full)):
+            await self._event("Normal", "DiskOK", f"{pod}: disk has room again, sends are taken")
+        self._full_disks = set(full)
 
     async def _verify(self, spec: GroupSpec, body: Mapping[str, Any]) -> None:
         """Replica verification's part of the round; its failures never hold up the rest."""
