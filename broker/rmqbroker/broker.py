@@ -13,11 +13,11 @@ from aiohttp import web
 
 from rmqbroker.acl import AclConfigError, AclFileWatcher, PlainAcl, guard
 from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
-from rmqbroker.admin.metrics import build_registry
+from rmqbroker.admin.metrics import LabeledGauge, build_registry
 from rmqbroker.config import BrokerSettings, ConfigError
 from rmqbroker.ha.controller import ReplicationController, RoleChangeError
 from rmqbroker.ha.epoch import EpochStore
-from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, split_offset_key
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
 from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
@@ -138,7 +138,7 @@ class Broker:
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
         self.registry = build_registry(self.ctx.stats, self.server.stats, self._gauges, labels,
-                                       self.server.latency, self._counters)
+                                       self.server.latency, self._counters, self._labeled_gauges)
         self.admin: AdminServer | None = None
         if settings.adminListenPort:
             token = settings.admin_token() or load_or_create_token(settings.store_root / "config" / ADMIN_TOKEN_FILE)
@@ -163,6 +163,31 @@ class Broker:
             "disk_used_ratio": self.cleaner.last_ratio,
             "disk_full": float(self.store.disk_full),
         }
+
+    def _labeled_gauges(self) -> list[LabeledGauge]:
+        """What dashboards alert on, computed at scrape time: each group's backlog per topic (messages
+        stored and not yet consumed; a queue the group never committed on counts from its start) and
+        each topic's stored messages (the sum of its queues' max offsets)."""
+        store = self.store
+        lag: list[tuple[tuple[str, ...], float]] = []
+        for key, committed in sorted(self.offsets.table().items()):
+            parts = split_offset_key(key)
+            tc = self.topics.select(parts[0]) if parts is not None else None
+            if parts is None or tc is None:
+                continue
+            topic, group = parts
+            backlog = 0
+            for qid in range(tc.read_queue_nums):
+                base = committed.get(qid, store.get_min_offset_in_queue(topic, qid))
+                backlog += max(0, store.get_max_offset_in_queue(topic, qid) - base)
+            lag.append(((group, topic), float(backlog)))
+        stored: list[tuple[tuple[str, ...], float]] = [
+            ((topic,), float(sum(store.get_max_offset_in_queue(topic, q) for q in range(tc.read_queue_nums))))
+            for topic in self.topics.topic_names() if (tc := self.topics.select(topic)) is not None]
+        return [("consumer_lag_messages", "Messages of a topic stored and not yet consumed by a group",
+                 ("group", "topic"), lag),
+                ("topic_max_offset", "Messages a topic's queues have stored (sum of their max offsets)",
+                 ("topic",), stored)]
 
     def _counters(self) -> dict[str, tuple[str, float]]:
         c = self.cleaner

@@ -22,6 +22,7 @@ from tests.integration.helpers import (
     send_raw,
     wait_route,
 )
+from tests.support.procs import metric_value
 
 TOPIC = "CliTopic"
 
@@ -76,6 +77,10 @@ def test_admin_cli_manages_topics_and_groups(cluster: Cluster, capsys: pytest.Ca
         assert progress["0"][:2] == [TOPIC, "broker-c"] and progress["0"][3:6] == ["3", "1", "2"]
         assert progress["1"][3:6] == ["0", "0", "0"]
         assert "Diff Total: 2" in out
+    # The same backlog on /metrics, for dashboards and alerts.
+    metrics = master.metrics()
+    assert metric_value(metrics, "rmq_consumer_lag_messages", group="CG_CLI", topic=TOPIC) == 2
+    assert metric_value(metrics, "rmq_topic_max_offset", topic=TOPIC) == 3
 
     code, _, _ = run(capsys, "deleteSubGroup", *n, "-c", "DefaultCluster", "-g", "CG_CLI", "-r", "true")
     assert code == 0

@@ -13,16 +13,22 @@ from rmqbroker.remoting.latency import LATENCY_BUCKETS, RequestLatency
 from rmqbroker.remoting.server import RemotingStats
 from rmqbroker.stats import BrokerStats
 
+# A gauge family with labels of its own, computed at scrape time:
+# (name, help, label names, [(label values, value), ...]).
+LabeledGauge = tuple[str, str, tuple[str, ...], list[tuple[tuple[str, ...], float]]]
+
 
 class BrokerCollector(Collector):
     """Reads counters at scrape time."""
 
     def __init__(self, stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
-                 labels: dict[str, str], counters: Callable[[], dict[str, tuple[str, float]]] | None = None) -> None:
+                 labels: dict[str, str], counters: Callable[[], dict[str, tuple[str, float]]] | None = None,
+                 labeled: Callable[[], list[LabeledGauge]] | None = None) -> None:
         self.stats = stats
         self.remoting = remoting
         self.gauges = gauges
         self.counters = counters
+        self.labeled = labeled
         self.labels = labels
 
     def collect(self) -> Iterator[Any]:
@@ -70,6 +76,11 @@ class BrokerCollector(Collector):
             g = GaugeMetricFamily(f"rmq_{name}", name.replace("_", " "), labels=names)
             g.add_metric(values, value)
             yield g
+        for name, doc, label_names, samples in (self.labeled() if self.labeled is not None else []):
+            family = GaugeMetricFamily(f"rmq_{name}", doc, labels=[*names, *label_names])
+            for label_values, value in samples:
+                family.add_metric([*values, *label_values], value)
+            yield family
 
 
 class LatencyHistogram(Collector):
@@ -98,11 +109,12 @@ class LatencyHistogram(Collector):
 
 def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable[[], dict[str, float]],
                    labels: dict[str, str], latency_source: RequestLatency | None = None,
-                   counters: Callable[[], dict[str, tuple[str, float]]] | None = None) -> CollectorRegistry:
+                   counters: Callable[[], dict[str, tuple[str, float]]] | None = None,
+                   labeled: Callable[[], list[LabeledGauge]] | None = None) -> CollectorRegistry:
     """A registry with the counters collector and the request-latency histogram (by request code).
 
     ``counters`` adds counters kept outside :class:`BrokerStats` (name -> (help, total))."""
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(stats, remoting, gauges, labels, counters))
+    registry.register(BrokerCollector(stats, remoting, gauges, labels, counters, labeled))
     registry.register(LatencyHistogram(labels, latency_source))
     return registry
