@@ -3,14 +3,15 @@
 Every ``cleanResourceInterval`` the service measures the disk that holds the commitlog and decides:
 
 * **whether to delete** this round: at an hour listed in ``deleteWhen``, when the disk is fuller
-  than ``diskMaxUsedSpaceRatio``, or for the next 20 rounds after a DELETE_EXPIRED_COMMITLOG (329)
-  request;
+  than ``diskMaxUsedSpaceRatio`` or ``diskSpaceCleanForciblyRatio``, or for the next 20 rounds after
+  a DELETE_EXPIRED_COMMITLOG (329) request;
 * **what to delete**: commitlog segments not modified for ``fileReservedTime`` hours, oldest first,
   at most 10 a round, never the segment being written. Above ``diskSpaceCleanForciblyRatio`` (with
   ``cleanFileForciblyEnable``) the oldest segments go whatever their age.
 
-The store then deletes consume-queue files that point only below the commitlog's new start and
-moves every queue's min offset up: a pull below it gets OFFSET_TOO_SMALL and the client moves on.
+The store then deletes consume-queue and index files that point only below the commitlog's new
+start and moves every queue's min offset up: a pull below it gets OFFSET_TOO_SMALL and the client
+moves on.
 Above ``diskSpaceWarningLevelRatio`` the store refuses puts (SERVICE_NOT_AVAILABLE) until the disk
 is back under ``diskSpaceCleanForciblyRatio``.
 """
