@@ -61,12 +61,15 @@ class Admin:
         except ValueError as exc:
             raise AdminError(f"{addr}: unreadable answer to request {code}: {exc}") from exc
 
-    async def namesrv_call(self, code: int, ext: dict[str, str] | None = None,
-                           ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+    def require_namesrvs(self) -> list[str]:
         if not self.namesrvs:
             raise AdminError("no nameserver: give -n host:port (or set NAMESRV_ADDR)")
+        return self.namesrvs
+
+    async def namesrv_call(self, code: int, ext: dict[str, str] | None = None,
+                           ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
         errors = []
-        for addr in self.namesrvs:
+        for addr in self.require_namesrvs():
             try:
                 return await self.call(addr, code, ext, ok=ok)
             except AdminError as exc:
@@ -100,14 +103,19 @@ class Admin:
         table = info.get("brokerAddrTable", {})
         return sorted(addr for name in names for addr in table.get(name, {}).get("brokerAddrs", {}).values())
 
-    async def route_readers(self, topic: str) -> dict[str, str]:
-        """brokerName -> the address a read goes to: the master, else a slave (selectBrokerAddr)."""
+    async def route(self, topic: str) -> dict[str, Any]:
+        """The nameserver's TopicRouteData of ``topic``."""
         resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
                                        ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
         if resp.code != ResponseCode.SUCCESS or not resp.body:
             raise AdminError(f"topic {topic} has no route on the nameserver")
+        route: dict[str, Any] = fastjson_loads(bytes(resp.body))
+        return route
+
+    async def route_readers(self, topic: str) -> dict[str, str]:
+        """brokerName -> the address a read goes to: the master, else a slave (selectBrokerAddr)."""
         out = {}
-        for b in fastjson_loads(bytes(resp.body)).get("brokerDatas", []):
+        for b in (await self.route(topic)).get("brokerDatas", []):
             addrs = b.get("brokerAddrs", {})
             addr = addrs.get("0") or next((addrs[k] for k in sorted(addrs, key=int)), None)
             if addr:
@@ -115,12 +123,7 @@ class Admin:
         return out
 
     async def route_masters(self, topic: str) -> dict[str, str]:
-        resp = await self.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
-                                       ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
-        if resp.code != ResponseCode.SUCCESS or not resp.body:
-            raise AdminError(f"topic {topic} has no route on the nameserver")
-        route = fastjson_loads(bytes(resp.body))
-        return {b["brokerName"]: b["brokerAddrs"]["0"] for b in route.get("brokerDatas", [])
+        return {b["brokerName"]: b["brokerAddrs"]["0"] for b in (await self.route(topic)).get("brokerDatas", [])
                 if "0" in b.get("brokerAddrs", {})}
 
     async def targets(self, args: argparse.Namespace) -> dict[str, str]:
@@ -232,17 +235,17 @@ async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
     return f"{_table(rows)}\n\nConsume TPS: {tps:.2f}\nDiff Total: {total}"
 
 
+async def _broker_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
+    """``-b`` one broker, or ``-c`` every broker (masters and slaves) of a cluster."""
+    return [args.broker] if args.broker else await admin.brokers(args.cluster)
+
+
 async def delete_expired_commit_log(admin: Admin, args: argparse.Namespace) -> str:
-    addrs = [args.broker] if args.broker else await admin.brokers(args.cluster)
     out = []
-    for addr in addrs:
+    for addr in await _broker_addrs(admin, args):
         resp = await admin.call(addr, RequestCode.DELETE_EXPIRED_COMMITLOG)
         out.append(f"{addr}: {resp.remark or 'success'}")
     return "\n".join(out)
-
-
-async def _broker_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
-    return [args.broker] if args.broker else await admin.brokers(args.cluster)
 
 
 async def broker_status(admin: Admin, args: argparse.Namespace) -> str:
@@ -273,11 +276,7 @@ async def topic_list(admin: Admin, args: argparse.Namespace) -> str:
 
 
 async def topic_route(admin: Admin, args: argparse.Namespace) -> str:
-    resp = await admin.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: args.topic},
-                                    ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
-    if resp.code != ResponseCode.SUCCESS or not resp.body:
-        raise AdminError(f"topic {args.topic} has no route on the nameserver")
-    return json.dumps(fastjson_loads(bytes(resp.body)), indent=2, sort_keys=True)
+    return json.dumps(await admin.route(args.topic), indent=2, sort_keys=True)
 
 
 def _connections(doc: dict[str, Any]) -> list[list[str]]:
@@ -357,10 +356,8 @@ async def producer_connection(admin: Admin, args: argparse.Namespace) -> str:
 
 
 async def _write_perm(admin: Admin, args: argparse.Namespace, code: int, count_field: str, verb: str) -> str:
-    if not admin.namesrvs:
-        raise AdminError("no nameserver: give -n host:port (or set NAMESRV_ADDR)")
     out = []
-    for ns in admin.namesrvs:  # every nameserver keeps its own routes
+    for ns in admin.require_namesrvs():  # every nameserver keeps its own routes
         resp = await admin.call(ns, code, {wire.BROKER_NAME: args.broker_name})
         out.append(f"{verb} write perm of broker[{args.broker_name}] in name server[{ns}] OK, "
                    f"{resp.ext_fields.get(count_field, '0')}")
@@ -553,13 +550,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
-    for name in ("updateTopic", "updateSubGroup", "deleteSubGroup", "deleteExpiredCommitLog", "brokerStatus",
-                 "getBrokerConfig"):
-        target = parsers[name].add_mutually_exclusive_group(required=True)
-        target.add_argument("-b", "--brokerAddr", dest="broker", help="one broker, host:port")
-        target.add_argument("-c", "--clusterName", dest="cluster", help="every master of this cluster")
+    for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup"), "every master of this cluster"),
+                        (("deleteExpiredCommitLog", "brokerStatus", "getBrokerConfig"),
+                         "every broker (masters and slaves) of this cluster")):
+        for name in names:
+            target = parsers[name].add_mutually_exclusive_group(required=True)
+            target.add_argument("-b", "--brokerAddr", dest="broker", help="one broker, host:port")
+            target.add_argument("-c", "--clusterName", dest="cluster", help=whom)
     parsers["deleteTopic"].add_argument("-c", "--clusterName", dest="cluster", required=True)
-    for name in ("updateTopic", "deleteTopic", "topicStatus", "topicRoute"):
+    for name in ("updateTopic", "deleteTopic", "topicStatus", "topicRoute", "queryMsgByKey", "queryMsgByUniqueKey",
+                 "producerConnection", "cloneGroupOffset", "resetOffsetByTime"):
         parsers[name].add_argument("-t", "--topic", required=True)
     t = parsers["updateTopic"]
     t.add_argument("-r", "--readQueueNums", dest="read_queue_nums", type=int, default=8)
@@ -581,7 +581,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parsers["deleteSubGroup"].add_argument("-r", "--removeOffset", dest="remove_offset", type=_bool, default=False)
     parsers["consumerProgress"].add_argument("-t", "--topicName", dest="topic", default=None)
     q = parsers["queryMsgByKey"]
-    q.add_argument("-t", "--topic", required=True)
     q.add_argument("-k", "--msgKey", dest="key", required=True)
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
     q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
@@ -594,24 +593,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                            help="one member (default: every member)")
     pc = parsers["producerConnection"]
     pc.add_argument("-g", "--producerGroup", dest="group", required=True)
-    pc.add_argument("-t", "--topic", required=True)
     for name in ("wipeWritePerm", "addWritePerm"):
         parsers[name].add_argument("-b", "--brokerName", dest="broker_name", required=True)
     cg = parsers["cloneGroupOffset"]
     cg.add_argument("-s", "--srcGroup", dest="src", required=True)
     cg.add_argument("-d", "--destGroup", dest="dest", required=True)
-    cg.add_argument("-t", "--topic", required=True)
     cg.add_argument("-o", "--offline", type=_bool, default=False, help="clone even where the source group is "
                     "online without subscribing to the topic")
     r = parsers["resetOffsetByTime"]
     r.add_argument("-g", "--group", required=True)
-    r.add_argument("-t", "--topic", required=True)
     r.add_argument("-s", "--timestamp", type=_timestamp, required=True,
                    help="now, -1 (the queues' end), milliseconds, or yyyy-MM-dd#HH:mm:ss:SSS")
     r.add_argument("-f", "--force", type=_bool, default=True, help="also move offsets forward (default true)")
-    u = parsers["queryMsgByUniqueKey"]
-    u.add_argument("-i", "--msgId", dest="msg_id", required=True)
-    u.add_argument("-t", "--topic", required=True)
+    parsers["queryMsgByUniqueKey"].add_argument("-i", "--msgId", dest="msg_id", required=True)
     return p.parse_args(argv)
 
 

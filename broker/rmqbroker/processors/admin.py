@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from rmqbroker.config import settings_properties
-from rmqbroker.metadata.jsonfile import fastjson_loads, mq_key
+from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
     MULTI_TAG,
@@ -57,12 +57,6 @@ def _group_numbers_problem(cfg: SubscriptionGroupConfig) -> str | None:
         if not lo <= value <= hi:
             return f"{name} must be in [{lo}, {hi}], got {value}"
     return None
-
-
-def _reset_offset_body(broker: str, topic: str, table: dict[int, int]) -> bytes:
-    """ResetOffsetBody: ``{"offsetTable": {MessageQueue: offset}}`` in fastjson's form."""
-    entries = ",".join(f"{mq_key(broker, topic, qid)}:{offset}" for qid, offset in sorted(table.items()))
-    return ('{"offsetTable":{' + entries + "}}").encode("utf-8")
 
 
 class AdminProcessor:
@@ -183,10 +177,9 @@ class AdminProcessor:
             low = max(0, store.get_min_offset_in_queue(topic, qid))
             high = max(0, store.get_max_offset_in_queue(topic, qid))
             last = store.get_message_store_timestamp(topic, qid, high - 1) if high > 0 else 0
-            entries.append(f'{mq_key(ctx.settings.brokerName, topic, qid)}:'
-                           f'{{"lastUpdateTimestamp":{last},"maxOffset":{high},"minOffset":{low}}}')
-        body = '{"offsetTable":{' + ",".join(entries) + "}}"
-        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+            entries.append((ctx.settings.brokerName, topic, qid,
+                            {"lastUpdateTimestamp": last, "maxOffset": high, "minOffset": low}))
+        return cmd.make_response(ResponseCode.SUCCESS, body=dumps_mq_keyed("offsetTable", entries))
 
     async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """A consumer group's progress per read queue (mqadmin consumerProgress): broker offset,
@@ -198,14 +191,11 @@ class AdminProcessor:
         group = h.req_str(wire.CONSUMER_GROUP)
         only = (h.opt_str(wire.TOPIC) or "").strip()
         topics = [only] if only else sorted(ctx.offsets.which_topics_by_group(group))
-        online = ctx.clients.consumers.get(group)
         store = ctx.store
         entries = []
         for topic in topics:
             tc = ctx.topics.select(topic)
-            if tc is None:
-                continue
-            if online is not None and online.subscriptions and topic not in online.subscriptions:
+            if tc is None or ctx.clients.online_elsewhere(group, topic):
                 continue
             for qid in range(tc.read_queue_nums):
                 broker_offset = max(0, store.get_max_offset_in_queue(topic, qid))
@@ -213,12 +203,10 @@ class AdminProcessor:
                 last = 0
                 if consumer_offset > 0:
                     last = max(0, store.get_message_store_timestamp(topic, qid, consumer_offset - 1))
-                entries.append(f'{mq_key(ctx.settings.brokerName, topic, qid)}:'
-                               f'{{"brokerOffset":{broker_offset},"consumerOffset":{consumer_offset},'
-                               f'"lastTimestamp":{last}}}')
-        tps = ctx.stats.group_get_tps(group, topics)
-        body = f'{{"consumeTps":{float(tps)!r},"offsetTable":{{' + ",".join(entries) + "}}"
-        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+                entries.append((ctx.settings.brokerName, topic, qid, {
+                    "brokerOffset": broker_offset, "consumerOffset": consumer_offset, "lastTimestamp": last}))
+        tps = float(ctx.stats.group_get_tps(group, topics))
+        return cmd.make_response(ResponseCode.SUCCESS, body=dumps_mq_keyed("offsetTable", entries, consumeTps=tps))
 
     async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """Delete a topic (mqadmin deleteTopic, which then asks the nameservers to drop its route):
@@ -292,7 +280,7 @@ class AdminProcessor:
         for qid, offset in table.items():
             # Committed here too: a member that joins before the others persist theirs starts right.
             ctx.offsets.commit(group, topic, qid, offset, "reset-offset")
-        java_body = _reset_offset_body(broker, topic, table)
+        java_body = dumps_mq_keyed("offsetTable", [(broker, topic, qid, off) for qid, off in sorted(table.items())])
         cpp_body = json.dumps({"offsetTable": [{"brokerName": broker, "queueId": qid, "topic": topic, "offset": off}
                                                for qid, off in table.items()]}, separators=(",", ":")).encode()
         ext = {wire.TOPIC: topic, wire.GROUP: group, wire.TIMESTAMP: str(timestamp), wire.IS_FORCE: str(force).lower()}
@@ -329,12 +317,9 @@ class AdminProcessor:
         topic = h.opt_str(wire.TOPIC)
         offline = h.opt_bool(wire.OFFLINE)
         topics = [topic] if topic else sorted(ctx.offsets.which_topics_by_group(src))
-        src_info = ctx.clients.consumers.get(src)
         cloned = []
         for t in topics:
-            if ctx.topics.select(t) is None:
-                continue
-            if not offline and src_info is not None and src_info.subscriptions and t not in src_info.subscriptions:
+            if ctx.topics.select(t) is None or (not offline and ctx.clients.online_elsewhere(src, t)):
                 continue
             if ctx.offsets.clone_offset(src, dest, t):
                 cloned.append(t)

@@ -198,6 +198,12 @@ class ClientManager:
             self._notify(info.group, [ch.conn for ch in info.channels.values()])
 
     # -- queries --
+    def online_elsewhere(self, group: str, topic: str) -> bool:
+        """Whether ``group`` has online consumers that subscribe to topics, but not to ``topic``
+        (RocketMQ then leaves the topic out of the group's stats and offset clones)."""
+        info = self.consumers.get(group)
+        return info is not None and bool(info.subscriptions) and topic not in info.subscriptions
+
     def find_subscription(self, group: str, topic: str) -> SubscriptionData | None:
         info = self.consumers.get(group)
         return None if info is None else info.subscriptions.get(topic)

@@ -16,6 +16,7 @@ from rmqbroker.metadata import jsonfile
 from rmqbroker.metadata.errors import MetadataFormatError, MetadataLoadError, MetadataPersistError
 from rmqbroker.metadata.jsonfile import (
     atomic_write,
+    dumps_mq_keyed,
     fastjson_loads,
     load_decoded_with_backup,
     load_with_backup,
@@ -270,6 +271,9 @@ def test_message_queue_keyed_tables_round_trip_and_refuse_other_keys() -> None:
     assert body.startswith(b'{"consumeTps":0.5,"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:')
     doc, table = loads_mq_keyed(body, "offsetTable")
     assert doc["consumeTps"] == 0.5 and table == {("T", "b", 0): {"x": 1}, ('T"q', "b", 1): {"x": 2}}
+    # The writer makes exactly that body (members in name order, compact).
+    assert dumps_mq_keyed("offsetTable", [("b", "T", 0, {"x": 1}), ("b", 'T"q', 1, {"x": 2})],
+                          consumeTps=0.5) == body
     for bad in (b'{"offsetTable":{"T@b":{"x":1}}}', b'{"offsetTable":{{"queueId":0,"topic":"T"}:1}}',
                 b'{"offsetTable":[]}', b"\xff"):
         with pytest.raises(MetadataFormatError):
