@@ -172,8 +172,7 @@ class Broker:
         lag: list[tuple[tuple[str, ...], float]] = []
         for key, committed in sorted(self.offsets.table().items()):
             parts = split_offset_key(key)
-            tc = self.topics.select(parts[0]) if parts is not None else None
-            if parts is None or tc is None:
+            if parts is None or (tc := self.topics.select(parts[0])) is None:
                 continue
             topic, group = parts
             backlog = 0

@@ -335,9 +335,10 @@ def _validate(s: BrokerSettings) -> None:
     if s.diskSpaceCleanForciblyRatio > s.diskSpaceWarningLevelRatio:
         raise ConfigError("diskSpaceCleanForciblyRatio: must not exceed diskSpaceWarningLevelRatio "
                           "(a full disk is writable again once under the forced-clean ratio)")
-    for key in ("cleanResourceInterval", "deleteCommitLogFilesInterval"):
-        if getattr(s, key) < (1 if key == "cleanResourceInterval" else 0):
-            raise ConfigError(f"{key}: must be a positive number of milliseconds")
+    if s.cleanResourceInterval <= 0:
+        raise ConfigError("cleanResourceInterval: must be a positive number of milliseconds")
+    if s.deleteCommitLogFilesInterval < 0:
+        raise ConfigError("deleteCommitLogFilesInterval: must not be negative (milliseconds)")
     if bool(s.aclAccessKey) != bool(s.aclSecretKey):
         raise ConfigError("aclAccessKey/aclSecretKey: set both or neither")
     _validate_addresses(s)

@@ -120,13 +120,21 @@ class ConsumeQueue:
     def _last_phy_end_before(self, file_index: int) -> int:
         """Record end of the last non-blank unit in files before ``file_index`` (0 if none)."""
         for mf in reversed(self.mfq.files[:file_index]):
-            pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
-            while pos >= 0:
-                phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
-                if size != BLANK_SIZE and size > 0:
-                    return int(phy + size)
-                pos -= CQ_STORE_UNIT_SIZE
+            unit = self._last_real_unit(mf)
+            if unit is not None:
+                return unit[0] + unit[1]
         return 0
+
+    @staticmethod
+    def _last_real_unit(mf: MappedFile) -> tuple[int, int] | None:
+        """``(phy, size)`` of the file's last unit that is not a blank, or None."""
+        pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+        while pos >= 0:
+            phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
+            if size != BLANK_SIZE and size > 0:
+                return int(phy), int(size)
+            pos -= CQ_STORE_UNIT_SIZE
+        return None
 
     def _first_real_offset(self) -> int:
         """Logical offset of the first unit that is not a leading blank."""
@@ -351,7 +359,7 @@ class ConsumeQueue:
         """
         files = self.mfq.files
         n = 0
-        while n < len(files) - 1 and self._last_real_phy(files[n]) < min_phy:
+        while n < len(files) - 1 and ((unit := self._last_real_unit(files[n])) is None or unit[0] < min_phy):
             n += 1
         gone = files[:n]
         if gone:
@@ -359,17 +367,6 @@ class ConsumeQueue:
             self.min_logic_offset = max(self.min_logic_offset, files[0].file_from_offset // CQ_STORE_UNIT_SIZE)
         self.correct_min_offset(min_phy)
         return gone
-
-    @staticmethod
-    def _last_real_phy(mf: MappedFile) -> int:
-        """Commitlog offset of the file's last non-blank unit (-1 when it has none)."""
-        pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
-        while pos >= 0:
-            phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
-            if size != BLANK_SIZE and size > 0:
-                return int(phy)
-            pos -= CQ_STORE_UNIT_SIZE
-        return -1
 
     # -- durability / lifecycle ------------------------------------------------------------------
     def is_dirty(self) -> bool:

@@ -104,10 +104,10 @@ class IndexFile:
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slot_count,
                          self.count)
 
-    def put(self, khash: int, phy: int, store_ts: int) -> bool:
-        """Add an entry; False when the file is full."""
+    def put(self, khash: int, phy: int, store_ts: int) -> None:
+        """Add an entry (the service starts a new file before this one is full)."""
         if self.count >= self.index_num:
-            return False
+            raise StoreError(f"index file {self.path.name} is full")
         mm = self.mm
         slot_pos = HEADER_SIZE + (khash % self.slot_num) * SLOT_SIZE
         prev = SLOT.unpack_from(mm, slot_pos)[0]
@@ -128,7 +128,6 @@ class IndexFile:
         self.end_ts = store_ts
         # The header goes with every entry: a crashed process leaves a file that loads as it was.
         self._write_header()
-        return True
 
     def time_overlaps(self, begin: int, end: int) -> bool:
         return (begin < self.begin_ts and end > self.end_ts) or self.begin_ts <= begin <= self.end_ts \
@@ -272,12 +271,9 @@ class IndexService:
         """Commitlog offsets of records indexed under ``topic#key`` stored in ``[begin, end]`` (ms),
         newest first, at most ``max_num``; with the last file's end time and offset."""
         out: list[int] = []
-        last_ts = last_phy = 0
+        last_ts, last_phy = (self.files[-1].end_ts, self.files[-1].end_phy) if self.files else (0, 0)
         khash = key_hash(build_key(topic, key))
-        for i in range(len(self.files) - 1, -1, -1):
-            f = self.files[i]
-            if i == len(self.files) - 1:
-                last_ts, last_phy = f.end_ts, f.end_phy
+        for f in reversed(self.files):
             if f.count > 1 and f.time_overlaps(begin, end):
                 f.select(khash, max_num, begin, end, out)
             if f.begin_ts < begin or len(out) >= max_num:

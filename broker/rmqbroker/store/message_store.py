@@ -381,7 +381,7 @@ class MessageStore:
         self._stop_event = asyncio.Event()
         self._stopping = False
         self._running = True
-        self._writable = self._role != SLAVE_ROLE and not self._disk_full
+        self._update_writable()
         self._tasks = [
             asyncio.create_task(self._commitlog_flusher(), name="store-commitlog-flush"),
             asyncio.create_task(self._consume_queue_flusher(), name="store-cq-flush"),
@@ -957,8 +957,6 @@ class MessageStore:
     def _index_full(self, full: list[IndexFile]) -> None:
         """Index files fill up rarely (20 million entries): each is made durable once, off the loop,
         as RocketMQ's IndexService does (entries of the file being written are flushed at shutdown)."""
-        if not full:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # start-up recovery runs in a worker thread
@@ -1287,7 +1285,7 @@ class MessageStore:
         if role not in ROLES:
             raise StoreConfigError(f"broker role must be one of {', '.join(ROLES)}, got {role!r}")
         self._role = role
-        self._writable = self._running and role != SLAVE_ROLE and not self._disk_full
+        self._update_writable()
 
     @property
     def disk_full(self) -> bool:
@@ -1296,7 +1294,11 @@ class MessageStore:
     def set_disk_full(self, full: bool) -> None:
         """The retention service's verdict on the disk: while full, puts get SERVICE_NOT_AVAILABLE."""
         self._disk_full = full
-        self._writable = self._running and self._role != SLAVE_ROLE and not full
+        self._update_writable()
+
+    def _update_writable(self) -> None:
+        # Puts need a running store, a master role and room on the disk.
+        self._writable = self._running and self._role != SLAVE_ROLE and not self._disk_full
 
     def dispatched_phy_offset(self) -> int:
         """End of the last whole record in consume queues; always a record boundary.

@@ -107,7 +107,6 @@ class CleanService:
         self.last_run_ms = 0
         self.commitlog_files_deleted = 0
         self.consume_queue_files_deleted = 0
-        self.rounds = 0
         self._space_full = False  # last round saw the disk over diskMaxUsedSpaceRatio (logged once)
 
     def request_manual_delete(self) -> None:
@@ -177,7 +176,6 @@ class CleanService:
         cq_deleted = await store.clean_consume_queues()
         self.commitlog_files_deleted += deleted
         self.consume_queue_files_deleted += cq_deleted
-        self.rounds += 1
         self.last_run_ms = int(self._clock() * 1000)
         return RoundReport(ratio, deleting, forced, deleted, cq_deleted)
 
