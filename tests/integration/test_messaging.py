@@ -12,6 +12,7 @@ from tests.integration.helpers import (
     create_topic_and_wait,
     message,
     metric_delta,
+    poll,
     produce,
     pull_all,
     query_consumer_offset,
@@ -121,6 +122,10 @@ def test_push_consumer_tag_filter(cluster: Cluster) -> None:
         assert [r["status"] for r in results if r] == [SEND_OK] * len(sent)
         consumer.wait_count(len(wanted), timeout=20)
         time.sleep(1.0)  # a non-matching message would show up now
+        # The client commits what it went past every 5 s; waiting for that here (rather than for its
+        # commit at shutdown) keeps a pull still in flight at the stop from making this a race.
+        poll(lambda: sum(query_consumer_offset(broker.addr, group, topic, q) or 0 for q in range(4)) == len(sent),
+             20, 0.5, what="the consumer's offsets past every message")
         msgs = consumer.stop()
         assert consumer.stopped_cleanly
     assert Counter(_fingerprint(m, props) for m in msgs) == Counter(_fingerprint(s, props) for s in wanted)
