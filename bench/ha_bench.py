@@ -1,18 +1,20 @@
 """HA replication benchmarks (real broker processes on loopback).
 
 (a) ``catchup``: a master holding a large commitlog (default 1 GiB, written through the store API
-    before the broker starts), an empty slave started against it; the rate at which the master
-    receives the slave's acks (offset and time of each ack from the master's /status), from the
-    first acked bytes until the slave acked the whole log. In the same run, raw loopback socket
-    throughput (sendfile of the same segment files into a recv_into loop in another process) is
-    measured and the ratio catch-up / raw printed, and so is the ceiling of the slave's own kernel path: the same
-    sendfile stream spliced socket -> pipe -> a file (no broker), with its ratio to raw.
+    before the broker starts) and, ``--reps`` times, a new empty slave started against it; the
+    rate at which the master receives the slave's acks (offset and time of each ack from the
+    master's /status), from the first acked bytes until the slave acked the whole log. Before
+    each catch-up, raw loopback socket throughput (sendfile of the same segment files into a
+    recv_into loop in another process) is measured; each pair's ratio catch-up / raw and their
+    median are printed, and so is the ceiling of the slave's own kernel path: the same sendfile
+    stream spliced socket -> pipe -> a file (no broker).
 (b) ``lag``: a steady 5,000 msg/s stream of 1 KiB sends to an ASYNC master with one slave; for a
     sample of sends the time from the send's acknowledgement until the slave's HA ack covers it
     (read from the master's /status) — reported as p50/p99 replication lag.
-(c) ``syncasync``: 16 concurrent producers for a fixed time against an ASYNC_MASTER and then a
-    SYNC_MASTER (each with one slave); throughput of each and the ratio SYNC/ASYNC, with the
-    master's and the slave's CPU per message over the same window (where the SYNC surcharge goes).
+(c) ``syncasync``: 16 concurrent producers for a fixed time against an ASYNC_MASTER and a
+    SYNC_MASTER (each with one slave, broker default segment sizes), in rounds that alternate
+    which mode goes first; throughput of each and the ratio SYNC/ASYNC, with the master's and the
+    slave's CPU per message over the same window (where the SYNC surcharge goes).
 
 Usage: ``python bench/ha_bench.py [catchup|lag|syncasync|all] [--gib 1.0] [--seconds 10]``.
 """
@@ -173,35 +175,21 @@ def pagecache_write(work: Path, total: int) -> float:
         path.unlink()
 
 
-def bench_catchup(work: Path, gib: float, body_size: int) -> dict[str, Any]:
-    master_store = work / "master"
-    master_store.mkdir(parents=True)
-    print(f"[catchup] writing {gib:.2f} GiB of {body_size}-byte messages through the store API ...", flush=True)
-    t0 = time.perf_counter()
-    end = fill_store(master_store / "store", int(gib * (1 << 30)), body_size)
-    print(f"[catchup] wrote {end / 1e6:.0f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
-    # The references first, each from a clean page cache like the catch-up after them: raw
-    # loopback, the slave's kernel path without a broker, and plain page-cache writes.
-    files = sorted((master_store / "store" / "commitlog").iterdir())
-    os.sync()
-    raw = raw_loopback(files, end)
-    os.sync()
-    kernel_path = raw_loopback(files, end, sink=work / "splice.probe")
-    os.sync()
-    pwrite = pagecache_write(work, end)
-    os.sync()
-    master = BrokerProc(work, None, name="bench-ha", mappedFileSizeCommitLog=SEG, mappedFileSizeConsumeQueue=6000000,
-                        storePathRootDir=str(master_store / "store"))
-    master.start()
+def _catch_up_once(work: Path, master: BrokerProc, end: int) -> tuple[int, float, float]:
+    """Start an empty slave against ``master`` and time its catch-up to ``end``.
+
+    Measured from the master's side: each /status sample pairs a slave's acked offset with the
+    master's wall-clock time of that very ack, so the rate between the first sample with bytes
+    acked and the one that covers the whole log is exact to the millisecond however coarsely we
+    poll (process start-up is not replication). Polling the master, not the slave, keeps the
+    benchmark's HTTP requests off the process being measured. Returns (bytes measured, seconds,
+    ms until the slave's own maxPhyOffset showed the end after its last ack).
+    """
+    work.mkdir(parents=True)
     slave = BrokerProc(work, None, name="bench-ha", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
                        mappedFileSizeConsumeQueue=6000000,
                        haMasterAddress=f"127.0.0.1:{master.port + 1}")
     try:
-        # Measured from the master's side: each /status sample pairs a slave's acked offset with
-        # the master's wall-clock time of that very ack, so the rate between the first sample
-        # with bytes acked and the one that covers the whole log is exact to the millisecond
-        # however coarsely we poll (process start-up is not replication). Polling the master,
-        # not the slave, keeps the benchmark's HTTP requests off the process being measured.
         slave.start(wait_ready=False)
         first: tuple[int, int] | None = None
         last: tuple[int, int] | None = None
@@ -224,19 +212,54 @@ def bench_catchup(work: Path, gib: float, body_size: int) -> dict[str, Any]:
         while status(slave)["maxPhyOffset"] < end:
             time.sleep(0.005)
         visible_ms = (time.perf_counter() - t_acked) * 1000
-        secs = max(last[1] - first[1], 1) / 1000
-        end_bytes = last[0] - first[0]
     finally:
         slave.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    # A master restarted between acks would make these meaningless; it is not restarted here.
+    return last[0] - first[0], max(last[1] - first[1], 1) / 1000, visible_ms
+
+
+def bench_catchup(work: Path, gib: float, body_size: int, reps: int = 3) -> dict[str, Any]:
+    """``reps`` pairs of (raw loopback, catch-up of a new empty slave), interleaved, each from a
+    clean page cache; per-pair ratios and their median. A single loopback figure on this shared
+    VM swings 2.5-8.6 GB/s from one minute to the next, so one pair is not a measurement."""
+    master_store = work / "master"
+    master_store.mkdir(parents=True)
+    print(f"[catchup] writing {gib:.2f} GiB of {body_size}-byte messages through the store API ...", flush=True)
+    t0 = time.perf_counter()
+    end = fill_store(master_store / "store", int(gib * (1 << 30)), body_size)
+    print(f"[catchup] wrote {end / 1e6:.0f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
+    # Ceilings, once: the slave's kernel path without a broker, and plain page-cache writes.
+    files = sorted((master_store / "store" / "commitlog").iterdir())
+    os.sync()
+    kernel_path = raw_loopback(files, end, sink=work / "splice.probe")
+    os.sync()
+    pwrite = pagecache_write(work, end)
+    master = BrokerProc(work, None, name="bench-ha", mappedFileSizeCommitLog=SEG, mappedFileSizeConsumeQueue=6000000,
+                        storePathRootDir=str(master_store / "store"))
+    master.start()
+    pairs: list[dict[str, float]] = []
+    try:
+        for i in range(reps):
+            os.sync()
+            raw = raw_loopback(files, end)
+            os.sync()
+            measured, secs, visible_ms = _catch_up_once(work / f"slave-{i}", master, end)
+            rate = measured / secs
+            pairs.append({"raw_loopback_MBps": raw / 1e6, "catchup_MBps": rate / 1e6, "ratio": rate / raw,
+                          "seconds": secs, "slave_visible_after_ack_ms": visible_ms})
+            print(f"[catchup] pair {i}: raw {raw / 1e6:.0f} MB/s, catch-up {rate / 1e6:.0f} MB/s "
+                  f"({measured / 1e6:.0f} MB in {secs:.2f} s), ratio {rate / raw:.2f}", flush=True)
+    finally:
         master.stop()
-    rate = end_bytes / secs
     shutil.rmtree(master_store, ignore_errors=True)
-    return {"bytes": end, "body_size": body_size, "seconds": secs, "measured_bytes": end_bytes,
-            "slave_visible_after_ack_ms": visible_ms, "catchup_MBps": rate / 1e6,
-            "raw_loopback_MBps": raw / 1e6, "ratio": rate / raw,
-            "splice_to_file_MBps": kernel_path / 1e6, "ratio_to_splice": rate / kernel_path,
-            "splice_to_file_vs_raw": kernel_path / raw,
-            "pagecache_pwrite_MBps": pwrite / 1e6, "ratio_to_pwrite": rate / pwrite}
+    catchup = statistics.median(p["catchup_MBps"] for p in pairs)
+    raw_median = statistics.median(p["raw_loopback_MBps"] for p in pairs)
+    return {"bytes": end, "body_size": body_size, "pairs": pairs,
+            "ratio_median": statistics.median(p["ratio"] for p in pairs),
+            "catchup_MBps_median": catchup, "raw_loopback_MBps_median": raw_median,
+            "splice_to_file_MBps": kernel_path / 1e6, "ratio_to_splice": catchup * 1e6 / kernel_path,
+            "pagecache_pwrite_MBps": pwrite / 1e6, "ratio_to_pwrite": catchup * 1e6 / pwrite}
 
 
 async def _sender(addr: str, topic: str, body: bytes, rate: float, seconds: float,
@@ -303,7 +326,7 @@ def bench_lag(work: Path, seconds: float, rate: float, test_segments: bool = Fal
 
 
 def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
-                    client: str = "lean") -> dict[str, Any]:
+                    client: str = "lean", test_segments: bool = False) -> dict[str, Any]:
     """Closed-loop producers against an ASYNC_MASTER and a SYNC_MASTER (one slave each), in
     interleaved rounds on fresh groups so that machine noise hits both alike; medians reported.
 
@@ -312,16 +335,22 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     1 s warm-up excluded. ``client="remoting"``: the earlier in-process generator (the project's
     RemotingClient, a coroutine per request), which on two cores competes with the brokers for CPU.
     """
+    sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
+                                                      "mappedFileSizeConsumeQueue": 6000000}
     rates: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     latency_ms: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     cpu_us: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
     for r in range(rounds):
-        for role in ("ASYNC_MASTER", "SYNC_MASTER"):
+        # Alternate which mode goes first, and start each run with no dirty pages left by the
+        # one before (its stores deleted, then sync): writeback of an earlier run's bytes would
+        # otherwise land on whichever mode runs next.
+        for role in ("ASYNC_MASTER", "SYNC_MASTER") if r % 2 == 0 else ("SYNC_MASTER", "ASYNC_MASTER"):
+            os.sync()
             name = f"bench-{role.lower().replace('_', '-')}-{r}"
-            master = BrokerProc(work, None, name=name, role=role)
+            master = BrokerProc(work, None, name=name, role=role, **sizes)
             master.start()
             slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
-                               haMasterAddress=f"127.0.0.1:{master.port + 1}")
+                               haMasterAddress=f"127.0.0.1:{master.port + 1}", **sizes)
             slave.start()
             try:
                 time.sleep(1)
@@ -337,6 +366,8 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
             finally:
                 slave.stop()
                 master.stop()
+                for b in (master, slave):
+                    shutil.rmtree(b.store_dir, ignore_errors=True)
             rates[role].append(count / seconds)
             latency_ms[role].append(p50)
             per_msg = tuple(c / count * 1e6 if count else float("nan") for c in cpu)
@@ -413,11 +444,12 @@ def main() -> None:
     parser.add_argument("which", nargs="?", default="all", choices=("catchup", "lag", "syncasync", "all"))
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--body", type=int, default=1024)
+    parser.add_argument("--reps", type=int, default=3, help="catchup: interleaved (raw, catch-up) pairs")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--producers", type=int, default=16)
     parser.add_argument("--test-segments", action="store_true",
-                        help="lag: the test helper's small segments instead of the broker defaults")
+                        help="lag, syncasync: the test helper's small segments instead of the broker defaults")
     parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
                         help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
@@ -425,7 +457,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         if args.which in ("catchup", "all"):
-            results["catchup"] = bench_catchup(work / "c", args.gib, args.body)
+            results["catchup"] = bench_catchup(work / "c", args.gib, args.body, args.reps)
             print(json.dumps(results["catchup"]), flush=True)
         if args.which in ("lag", "all"):
             (work / "l").mkdir()
@@ -434,7 +466,7 @@ def main() -> None:
         if args.which in ("syncasync", "all"):
             (work / "s").mkdir()
             results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers,
-                                                   client=args.client)
+                                                   client=args.client, test_segments=args.test_segments)
             print(json.dumps(results["syncasync"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
