@@ -325,8 +325,14 @@ def bench_lag(work: Path, seconds: float, rate: float, test_segments: bool = Fal
             "note": "lag = time from the master's append to the first slave ack covering it (master-side)"}
 
 
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` (and so the ones it starts later) onto ``cpu``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), {cpu})
+
+
 def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
-                    client: str = "lean", test_segments: bool = False) -> dict[str, Any]:
+                    client: str = "lean", test_segments: bool = False, pin: bool = False) -> dict[str, Any]:
     """Closed-loop producers against an ASYNC_MASTER and a SYNC_MASTER (one slave each), in
     interleaved rounds on fresh groups so that machine noise hits both alike; medians reported.
 
@@ -356,8 +362,12 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
                 time.sleep(1)
                 assert master.popen is not None and slave.popen is not None
                 pids = (master.popen.pid, slave.popen.pid)
+                if pin:
+                    _pin(master.popen.pid, 0)
+                    _pin(slave.popen.pid, 1)
                 if client == "lean":
-                    count, p50, cpu = _closed_loop_lean(master.addr, producers, seconds, pids=pids)
+                    count, p50, cpu = _closed_loop_lean(master.addr, producers, seconds, pids=pids,
+                                                        gen_cpu=1 if pin else None)
                 else:
                     cpu = (float("nan"), float("nan"))
                     count, p50 = asyncio.run(_closed_loop(master.addr, producers, seconds)), float("nan")
@@ -383,7 +393,7 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
 
 
 def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0,
-                      pids: tuple[int, ...] = ()) -> tuple[int, float, tuple[float, ...]]:
+                      pids: tuple[int, ...] = (), gen_cpu: int | None = None) -> tuple[int, float, tuple[float, ...]]:
     """Acks inside the window, their median latency (ms) and the CPU seconds each of ``pids``
     used in the window, from send_bench's lean generator in a separate process: ``producers``
     connections with one request in flight each."""
@@ -392,7 +402,7 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     cfg = WorkerConfig(index=0, client="lean", broker_addr=addr, namesrv_addr="", topic="SyncAsync", queues=4,
-                       producers=producers, window=1, burst=1, body=make_body(1024), home="", cpu=None)
+                       producers=producers, window=1, burst=1, body=make_body(1024), home="", cpu=gen_cpu)
     proc = ctx.Process(target=lean_worker, args=(child, cfg))
     proc.start()
     try:
@@ -448,6 +458,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--producers", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="syncasync: rounds of (ASYNC, SYNC) runs")
+    parser.add_argument("--pin", action="store_true",
+                        help="syncasync: the master alone on CPU 0, the slave and the generator on CPU 1")
     parser.add_argument("--test-segments", action="store_true",
                         help="lag, syncasync: the test helper's small segments instead of the broker defaults")
     parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
@@ -465,8 +478,8 @@ def main() -> None:
             print(json.dumps(results["lag"]), flush=True)
         if args.which in ("syncasync", "all"):
             (work / "s").mkdir()
-            results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers,
-                                                   client=args.client, test_segments=args.test_segments)
+            results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers, args.rounds,
+                                                   client=args.client, test_segments=args.test_segments, pin=args.pin)
             print(json.dumps(results["syncasync"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
