@@ -22,6 +22,7 @@ Children of a BrokerGroup ``<name>``:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rmqbroker.config import env_name
-from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec
+from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec, SchedulingSpec
 
 if TYPE_CHECKING:
     from rmqoperator.verification import VerificationSpec
@@ -223,6 +224,30 @@ def _pod_security() -> Obj:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def _scheduling(spec: GroupSpec, component: str) -> Obj:
+    """Pod-spec fields placing ``component``'s pods: the user's node constraints, and anti-affinity
+    between this group's pods of that component (brokers of other groups may share a node)."""
+    s = spec.scheduling
+    out: Obj = {}
+    affinity: Obj = {}
+    if s.node_affinity:
+        affinity["nodeAffinity"] = s.node_affinity
+    if s.pod_anti_affinity != "None":
+        term = {"labelSelector": {"matchLabels": selector(spec, component)}, "topologyKey": s.topology_key}
+        affinity["podAntiAffinity"] = (
+            {"requiredDuringSchedulingIgnoredDuringExecution": [term]} if s.pod_anti_affinity == "Required"
+            else {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]})
+    if affinity:
+        out["affinity"] = affinity
+    if s.node_selector:
+        out["nodeSelector"] = dict(s.node_selector)
+    if s.tolerations:
+        out["tolerations"] = [dict(t) for t in s.tolerations]
+    if s.priority_class_name:
+        out["priorityClassName"] = s.priority_class_name
+    return out
+
+
 def _broker_pod_template(spec: GroupSpec) -> Obj:
     p = spec.ports
     container: Obj = {
@@ -278,6 +303,7 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
             "securityContext": _pod_security(),
             "containers": [container],
             "volumes": volumes,
+            **_scheduling(spec, "broker"),
         },
     }
 
@@ -297,6 +323,10 @@ def config_hash(spec: GroupSpec) -> str:
     }
     if spec.acl_secret:  # only when set: groups without an ACL keep the hash they had
         material["acl"] = spec.acl_secret
+    if spec.scheduling != SchedulingSpec():
+        # Placement applies when a pod is scheduled: moving brokers means restarting them. The
+        # default is left out so that groups from before scheduling existed keep their hash.
+        material["scheduling"] = dataclasses.asdict(spec.scheduling)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -384,7 +414,8 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
             "template": {
                 "metadata": {"labels": labels(spec, "namesrv")},
                 "spec": {"enableServiceLinks": False, "securityContext": _pod_security(),
-                         "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}]},
+                         "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}],
+                         **_scheduling(spec, "namesrv")},
             },
         },
     }

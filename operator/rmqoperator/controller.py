@@ -55,12 +55,16 @@ class TemporaryFailure(Exception):
 def pod_view(pod: Mapping[str, Any], broker: BrokerView | None) -> PodView:
     meta = pod.get("metadata") or {}
     st = pod.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    conds = st.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    unschedulable = next((str(c.get("message") or "no node fits") for c in conds
+                          if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                          and c.get("reason") == "Unschedulable"), None)
     name = str(meta.get("name", ""))
     return PodView(name=name, ordinal=builders.pod_ordinal(name) or 0, ip=st.get("podIP") or None, ready=ready,
                    deleting=bool(meta.get("deletionTimestamp")),
                    config_hash=(meta.get("annotations") or {}).get(builders.CONFIG_HASH_ANNOTATION),
-                   broker=broker)
+                   broker=broker, unschedulable=unschedulable)
 
 
 class GroupController:

@@ -80,6 +80,7 @@ class PodView:
     deleting: bool = False
     config_hash: str | None = None
     broker: BrokerView | None = None  # None: admin endpoint unreachable
+    unschedulable: str | None = None  # the scheduler's reason when it cannot place the pod
 
     @property
     def reachable(self) -> bool:

@@ -71,6 +71,22 @@ class NameServerSpec:
     resources: dict[str, Any] = field(default_factory=dict)
 
 
+ANTI_AFFINITY_MODES = ("Preferred", "Required", "None")
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    """Where a group's broker and nameserver pods may run. By default the pods of each component
+    prefer distinct nodes: a master and its slaves on one node would all go with that node."""
+
+    pod_anti_affinity: str = "Preferred"
+    topology_key: str = "kubernetes.io/hostname"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    node_affinity: dict[str, Any] = field(default_factory=dict)
+    priority_class_name: str = ""
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     """One BrokerGroup's desired state (defaults applied)."""
@@ -97,6 +113,7 @@ class GroupSpec:
     restart_at: str = ""
     # Secret holding plain_acl.yml (and optionally accessKey/secretKey for the slaves' sync): ACL on.
     acl_secret: str = ""
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
     @property
     def master_role(self) -> str:
@@ -113,6 +130,9 @@ class GroupSpec:
                                                "addresses": tuple(obj["name_server"]["addresses"])})
         obj["ports"] = Ports(**obj["ports"])
         obj["failover"] = FailoverSpec(**obj["failover"])
+        if "scheduling" in obj:  # absent from specs applied by operators before it existed
+            obj["scheduling"] = SchedulingSpec(**{**obj["scheduling"],
+                                                  "tolerations": tuple(obj["scheduling"]["tolerations"])})
         return GroupSpec(**obj)
 
 
@@ -147,6 +167,24 @@ def _obj(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(f"{path}{key} must be an object")
     return value
+
+
+def _parse_scheduling(spec: Mapping[str, Any]) -> SchedulingSpec:
+    path = "spec.scheduling."
+    sched = _obj(spec, "scheduling", "spec.")
+    node_selector = _obj(sched, "nodeSelector", path)
+    if not all(isinstance(v, str) for v in node_selector.values()):
+        raise SpecError(f"{path}nodeSelector values must be strings")
+    tolerations = sched.get("tolerations") or []
+    if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+        raise SpecError(f"{path}tolerations must be a list of objects")
+    return SchedulingSpec(
+        pod_anti_affinity=_get(sched, "podAntiAffinity", str, "Preferred", path),
+        topology_key=_get(sched, "topologyKey", str, "kubernetes.io/hostname", path),
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        tolerations=tuple(dict(t) for t in tolerations),
+        node_affinity=dict(_obj(sched, "nodeAffinity", path)),
+        priority_class_name=_get(sched, "priorityClassName", str, "", path))
 
 
 def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
@@ -208,6 +246,7 @@ def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
         verification=dict(_obj(spec, "verification", "spec.")),
         restart_at=str(annotations.get(RESTART_ANNOTATION, "")),
         acl_secret=_get(_obj(spec, "acl", "spec."), "secretName", str, "", "spec.acl.") or "",
+        scheduling=_parse_scheduling(spec),
     )
 
 
@@ -229,6 +268,10 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append("spec.nameServer.managed.replicas must be from 1 to 5")
     if not spec.failover.master_lost_seconds >= 1:
         out.append("spec.failover.masterLostSeconds must be at least 1")
+    if spec.scheduling.pod_anti_affinity not in ANTI_AFFINITY_MODES:
+        out.append(f"spec.scheduling.podAntiAffinity must be one of {', '.join(ANTI_AFFINITY_MODES)}")
+    if not spec.scheduling.topology_key:
+        out.append("spec.scheduling.topologyKey must not be empty")
     if not quantity_bytes(spec.storage_size):
         out.append(f"spec.storage.size {spec.storage_size!r} is not a storage quantity (e.g. 10Gi)")
     ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]

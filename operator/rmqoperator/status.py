@@ -75,6 +75,8 @@ def replica_rows(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]
         row: dict[str, Any] = {"pod": name, "brokerId": bid, "ready": bool(p and p.ready and p.reachable)}
         if p is not None and p.ip:
             row["address"] = f"{p.ip}:{spec.ports.listen}"
+        if p is not None and p.unschedulable:
+            row["unschedulable"] = p.unschedulable
         if p is not None and p.broker is not None:
             row["role"] = p.broker.role
             row["maxPhyOffset"] = p.broker.max_offset
@@ -119,7 +121,9 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     master_ok = bool(master_row and master_row.get("inSync") and master_row.get("ready"))
     slaves = [r for r in rows if r["pod"] != master_pod]
     synced = [r for r in slaves if r.get("inSync")]
-    not_ready = [r["pod"] for r in rows if not r.get("ready")]
+    not_ready = [f"{r['pod']} (unschedulable: {r['unschedulable']})" if r.get("unschedulable") else r["pod"]
+                 for r in rows if not r.get("ready")]
+    unschedulable = any(r.get("unschedulable") for r in rows)
     lagging = [r["pod"] for r in slaves if not r.get("inSync")]
     ahead = [f"{r['pod']} ({r['aheadOfMasterBytes']} bytes)" for r in slaves if r.get("aheadOfMasterBytes")]
     full = [f"{r['pod']} ({r.get('diskUsedPercent', '?')}% used)" for r in rows if r.get("diskFull")]
@@ -182,6 +186,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
                   "InvalidSpec" if health.invalid else
                   "MasterBehindSlave" if ahead else
                   "DiskFull" if full else
+                  "Unschedulable" if unschedulable else
                   "ReplicasNotReady" if not_ready else "Lagging" if lagging else "DemotionPending")
         out.append(Cond("Degraded", True, reason, "; ".join(issues)))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from rmqbroker.config import build_settings, env_name, parse_properties
 from rmqoperator import builders
 from rmqoperator.reconcile import complete_assignment
-from rmqoperator.spec import GroupSpec, parse_spec, problems
+from rmqoperator.spec import GroupSpec, SpecError, parse_spec, problems
 from tests.operator.conftest import example
 
 
@@ -228,14 +229,106 @@ def test_dotted_name_needs_a_broker_name() -> None:
     assert problems(parse_spec(doc)) == []
 
 
-@pytest.mark.parametrize(("managed", "acl"), [(True, False), (False, False), (True, True)])
-def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool) -> None:
+FULL_SCHEDULING = {
+    "podAntiAffinity": "Required", "topologyKey": "topology.kubernetes.io/zone",
+    "nodeSelector": {"pool": "mq"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"},
+                    {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+    "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]},
+    "priorityClassName": "mq-critical",
+}
+
+
+@pytest.mark.parametrize(("managed", "acl", "scheduling"), [(True, False, False), (False, False, False),
+                                                          (True, True, True)])
+def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool, scheduling: bool) -> None:
     """Strict validation of every rendered child (kubernetes-validate; a dev dependency of the chart tests)."""
     kv = pytest.importorskip("kubernetes_validate")
     ns = {"managed": {"replicas": 2}} if managed else {"addresses": ["10.0.0.1:9876"]}
     spec = spec_of(replicas=3, nameServer=ns, resources={"limits": {"memory": "2Gi", "cpu": 2}},
                    storage={"size": "5Gi", "storageClassName": "ssd"},
-                   **({"acl": {"secretName": "rmq-acl"}} if acl else {}))
+                   **({"acl": {"secretName": "rmq-acl"}} if acl else {}),
+                   **({"scheduling": FULL_SCHEDULING} if scheduling else {}))
     spec = dataclasses.replace(spec, uid="0f0f0f0f-aaaa-bbbb-cccc-000000000000")
     for obj in [*builders.children(spec, complete_assignment({}, 3), 3), builders.admin_secret(spec, "t")]:
         kv.validate(obj, kv.latest_version(), strict=True)
+
+
+def _pod_specs(spec: GroupSpec) -> dict[str, dict[str, Any]]:
+    return {"broker": builders.broker_statefulset(spec, spec.replicas)["spec"]["template"]["spec"],
+            "namesrv": builders.namesrv_statefulset(spec)["spec"]["template"]["spec"]}
+
+
+def test_pods_of_a_group_prefer_distinct_nodes_by_default() -> None:
+    """A master and its slaves on one node would all go with that node: by default each
+    component's pods of the group prefer distinct nodes, without pinning them anywhere."""
+    spec = spec_of(replicas=3)
+    for component, pod in _pod_specs(spec).items():
+        anti = pod["affinity"]["podAntiAffinity"]
+        assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+        (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["weight"] == 100
+        assert term["podAffinityTerm"] == {"labelSelector": {"matchLabels": builders.selector(spec, component)},
+                                           "topologyKey": "kubernetes.io/hostname"}
+        assert "nodeAffinity" not in pod["affinity"]
+        assert not {"nodeSelector", "tolerations", "priorityClassName"} & pod.keys()
+    # The selector names this group's pods of that component only (other groups may share nodes).
+    assert builders.selector(spec, "broker") != builders.selector(spec, "namesrv")
+    assert builders.selector(spec, "broker") != builders.selector(dataclasses.replace(spec, name="other"), "broker")
+
+
+def test_scheduling_is_rendered_into_broker_and_nameserver_pods() -> None:
+    spec = spec_of(replicas=3, scheduling=FULL_SCHEDULING)
+    for component, pod in _pod_specs(spec).items():
+        term = {"labelSelector": {"matchLabels": builders.selector(spec, component)},
+                "topologyKey": "topology.kubernetes.io/zone"}
+        assert pod["affinity"]["podAntiAffinity"] == {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        assert pod["affinity"]["nodeAffinity"] == FULL_SCHEDULING["nodeAffinity"]
+        assert pod["nodeSelector"] == {"pool": "mq"}
+        assert pod["tolerations"] == FULL_SCHEDULING["tolerations"]
+        assert pod["priorityClassName"] == "mq-critical"
+    none = _pod_specs(spec_of(replicas=3, scheduling={"podAntiAffinity": "None"}))
+    assert all("affinity" not in pod for pod in none.values())
+
+
+def test_scheduling_changes_restart_brokers_but_the_default_keeps_old_hashes() -> None:
+    base = spec_of(replicas=3)
+    explicit_default = spec_of(replicas=3, scheduling={"podAntiAffinity": "Preferred",
+                                                       "topologyKey": "kubernetes.io/hostname"})
+    # Groups created before spec.scheduling existed have the default: their pods are not restarted.
+    assert builders.config_hash(explicit_default) == builders.config_hash(base)
+    moved = [spec_of(replicas=3, scheduling={"nodeSelector": {"pool": "mq"}}),
+             spec_of(replicas=3, scheduling={"podAntiAffinity": "Required"}),
+             spec_of(replicas=3, scheduling={"tolerations": [{"operator": "Exists"}]}),
+             spec_of(replicas=3, scheduling=FULL_SCHEDULING)]
+    assert len({builders.config_hash(s) for s in moved} | {builders.config_hash(base)}) == len(moved) + 1
+
+
+def test_scheduling_round_trips_through_the_applied_spec() -> None:
+    spec = spec_of(replicas=3, scheduling=FULL_SCHEDULING)
+    assert GroupSpec.from_json(spec.to_json()) == spec
+    # A spec applied by an operator from before spec.scheduling reads back with the default.
+    old = json.loads(spec_of(replicas=3).to_json())
+    del old["scheduling"]
+    assert GroupSpec.from_json(json.dumps(old)) == spec_of(replicas=3)
+
+
+@pytest.mark.parametrize(("scheduling", "message"), [
+    ({"podAntiAffinity": "Sometimes"}, "podAntiAffinity must be one of Preferred, Required, None"),
+    ({"topologyKey": ""}, "topologyKey must not be empty"),
+])
+def test_scheduling_problems_are_found(scheduling: dict[str, Any], message: str) -> None:
+    """What the CRD schema refuses on a real API server, the operator reports as a condition too."""
+    assert message in "; ".join(problems(spec_of(scheduling=scheduling)))
+
+
+@pytest.mark.parametrize(("scheduling", "message"), [
+    ({"nodeSelector": {"pool": 1}}, "nodeSelector values must be strings"),
+    ({"tolerations": {"key": "x"}}, "tolerations must be a list of objects"),
+    ({"tolerations": ["x"]}, "tolerations must be a list of objects"),
+    ({"priorityClassName": 5}, "priorityClassName must be of type str"),
+])
+def test_malformed_scheduling_is_a_spec_error(scheduling: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        spec_of(scheduling=scheduling)

@@ -144,6 +144,18 @@ def test_address_pattern_never_accepts_what_the_broker_refuses() -> None:
     {"verification": {"schedule": "@daily"}},
     {"failover": {"enabled": False, "masterLostSeconds": 3600, "allowDataLoss": True}},
     {"acl": {"secretName": "rmq-acl.v2"}},
+    {"scheduling": {"podAntiAffinity": "None"}},
+    {"scheduling": {
+        "podAntiAffinity": "Required", "topologyKey": "topology.kubernetes.io/zone",
+        "nodeSelector": {"pool": "mq"}, "priorityClassName": "mq-critical",
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"},
+                        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-9"]}]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]}}},
 ])
 def test_valid_variants(spec: dict[str, Any]) -> None:
     VALIDATOR.validate(example(**spec))
@@ -173,6 +185,18 @@ def test_valid_variants(spec: dict[str, Any]) -> None:
     ({"verification": {"schedule": "daily"}}, "schedule"),
     ({"acl": {}}, "secretName"),
     ({"acl": {"secretName": "Rmq_ACL"}}, "secretName"),
+    ({"scheduling": {"podAntiAffinity": "Sometimes"}}, "podAntiAffinity"),
+    ({"scheduling": {"topologyKey": ""}}, "topologyKey"),
+    ({"scheduling": {"nodeSelector": {"pool": 1}}}, "nodeSelector"),
+    ({"scheduling": {"tolerations": [{"operator": "Maybe"}]}}, "operator"),
+    ({"scheduling": {"tolerations": [{"effect": "NoRun"}]}}, "effect"),
+    ({"scheduling": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+     "nodeSelectorTerms"),
+    ({"scheduling": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 0, "preference": {}}]}}}, "weight"),
+    ({"scheduling": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "disk", "operator": "Like"}]}]}}}}, "operator"),
+    ({"scheduling": {"priorityClassName": ""}}, "priorityClassName"),
 ])
 def test_invalid_specs_are_rejected(spec: dict[str, Any], where: str) -> None:
     errors = list(VALIDATOR.iter_errors(example(**spec)))

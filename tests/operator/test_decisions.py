@@ -247,6 +247,29 @@ def test_a_full_disk_is_reported_and_a_full_master_makes_the_group_unready() -> 
     assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "DiskFull")
 
 
+def test_a_pod_the_scheduler_cannot_place_is_reported_with_its_reason() -> None:
+    from rmqoperator.controller import pod_view
+
+    reason = "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+    pending = {"metadata": {"name": "g-2"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}]}}
+    view = pod_view(pending, None)
+    assert (view.unschedulable, view.ready, view.ip) == (reason, False, None)
+    scheduled = {"metadata": {"name": "g-2"}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}}
+    assert pod_view(scheduled, None).unschedulable is None
+
+    rows = replica_rows(SPEC, STATE, pods(master(2000), slave(1, 2000), view))
+    assert rows[2]["unschedulable"] == reason and "unschedulable" not in rows[1]
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "Unschedulable")
+    assert f"not ready: g-2 (unschedulable: {reason})" in conds["Degraded"].message
+    # Merely not ready (e.g. starting) stays ReplicasNotReady.
+    rows = replica_rows(SPEC, STATE, pods(master(2000), slave(1, 2000), down(slave(2, 2000))))
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert conds["Degraded"].reason == "ReplicasNotReady" and "unschedulable" not in conds["Degraded"].message
+
+
 def test_last_transition_time_kept_while_status_unchanged() -> None:
     from rmqoperator.status import Cond
 

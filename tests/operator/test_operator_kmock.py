@@ -123,6 +123,31 @@ def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
     assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
 
 
+def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
+                                                       fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """spec.scheduling: pods of the group prefer distinct nodes from the start; a new node selector
+    recreates the brokers from the new template, slaves first and the master last."""
+    h, (runner, _) = harness, fake_pods
+    h.client.apply_group(example(replicas=3))
+    wait_ready(h, in_sync=3)
+    for p in h.client.items("v1", "pods"):
+        anti = p["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname", p["metadata"]["name"]
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"spec": {"scheduling": {"nodeSelector": {"pool": "mq"},
+                                                        "tolerations": [{"key": "mq", "operator": "Exists"}]}}})
+
+    def moved() -> bool:
+        brokers = [p for p in h.client.items("v1", "pods") if "namesrv" not in p["metadata"]["name"]]
+        return len(brokers) == 3 and all(p["spec"].get("nodeSelector") == {"pool": "mq"} for p in brokers)
+
+    wait_for(moved, 30, "every broker recreated with the node selector")
+    assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
+    sts = h.client.get("apps/v1", "statefulsets", f"{NAME}-namesrv")
+    assert sts is not None and sts["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "mq"}
+    wait_ready(h, in_sync=3)
+
+
 def test_invalid_specs_reported_without_touching_children(harness: OperatorHarness,
                                                           fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     h, (runner, _) = harness, fake_pods
