@@ -187,13 +187,14 @@ def _credentials(credentials: tuple[str, str] | None) -> list[str]:
 
 def produce(namesrv: str, messages: list[dict[str, Any]], mode: str = "sync", group: str = "PG_TEST",
             timeout: float = 60.0, credentials: tuple[str, str] | None = None,
-            keep_going: bool = False) -> list[dict[str, Any] | None]:
+            keep_going: bool = False, settle_ms: int = 0) -> list[dict[str, Any] | None]:
     """Send with the C++ producer; per message ``{"status", "msg_id", "offset", "sent_ms"}`` (None for oneway;
     ``{"error"}`` for a failed send with ``keep_going``). ``credentials`` (accessKey, secretKey) sign
-    the requests for a broker with the plain ACL on."""
+    the requests for a broker with the plain ACL on; ``settle_ms``: see ``producer.py --settle-ms``."""
     out = _run_script("producer.py", ["--namesrv", namesrv, "--group", group, "--mode", mode,
                                       "--messages", json.dumps(messages), *_credentials(credentials),
-                                      *(["--keep-going"] if keep_going else [])], timeout)
+                                      *(["--keep-going"] if keep_going else []),
+                                      "--settle-ms", str(settle_ms)], timeout)
     results: list[dict[str, Any] | None] = out["results"]
     return results
 

@@ -211,7 +211,9 @@ def test_wipe_and_add_write_perm_steer_the_stock_producer(cluster: Cluster,
 
     def send_and_count() -> tuple[int, int]:
         before = (x.status()["maxPhyOffset"], y.status()["maxPhyOffset"])
-        results = produce(ns.addr, [message(TOPIC, f"m{i}") for i in range(12)])
+        # Only one broker is writable while x is wiped, so the client's start-up race on its
+        # transport lock (see producer.py --settle-ms) would leave a send no other broker to try.
+        results = produce(ns.addr, [message(TOPIC, f"m{i}") for i in range(12)], settle_ms=300)
         assert all(r is not None and r["status"] == 0 for r in results)
         return x.status()["maxPhyOffset"] - before[0], y.status()["maxPhyOffset"] - before[1]
 

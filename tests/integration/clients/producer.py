@@ -41,6 +41,10 @@ def main() -> None:
     parser.add_argument("--timeout-ms", type=int, default=3000)
     parser.add_argument("--access-key", default=None, help="sign requests (plain ACL) with these credentials")
     parser.add_argument("--secret-key", default=None)
+    parser.add_argument("--settle-ms", type=int, default=0,
+                        help="wait this long after start: the C++ client connects to every broker from its own "
+                             "threads then, and a send that needs a connection meanwhile can fail at once on the "
+                             "client's transport lock (\"get timed_mutex timeout\", reported as \"No route info\")")
     parser.add_argument("--keep-going", action="store_true",
                         help="sync mode: report a failed send as {\"error\": ...} and go on")
     args = parser.parse_args()
@@ -51,6 +55,7 @@ def main() -> None:
     if args.access_key:
         producer.set_session_credentials(args.access_key, args.secret_key, "LOCAL")
     producer.start()
+    time.sleep(args.settle_ms / 1000)
     results: list[dict[str, Any] | None] = []
     try:
         if args.mode == "batch":
