@@ -114,3 +114,58 @@ def test_slave_refuses_delete_and_keeps_the_topic(group: tuple[Namesrv, BrokerPr
     assert TOPIC in topic_names(slave) and TOPIC in topic_names(master)
     missing = rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {})
     assert missing.code == ResponseCode.SYSTEM_ERROR and "topic" in (missing.remark or ""), missing
+
+
+def _send_to(broker: BrokerProc, queue_id: int, body: bytes) -> str:
+    resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "PG_RAW", "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        "queueId": str(queue_id), "sysFlag": "0", "bornTimestamp": "0", "flag": "0",
+        "properties": "WAIT\x01true\x02"}, body)
+    assert resp.code == ResponseCode.SUCCESS, resp
+    return resp.ext_fields["queueOffset"]
+
+
+def test_topic_deleted_and_created_again_between_two_sync_rounds(cluster: Cluster) -> None:
+    """The slave's metadata sync never sees the topic missing, so it learns the deletion from the
+    master's record of it (where the master's log ended then): queues built only from older records
+    go, queues the new topic has written to already stay, and both brokers agree queue by queue."""
+    ns = cluster.namesrv()
+    conf: dict[str, Any] = {"maxMessageSize": 1024 * 1024, "slaveSyncInitialDelay": 200, "slaveSyncInterval": 4000,
+                            "mappedFileSizeConsumeQueue": 6000}
+    master = cluster.broker(ns.addr, name="broker-r", mappedFileSizeCommitLog=SEG, **conf)
+    slave = cluster.broker(ns.addr, name="broker-r", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    for i in range(3):
+        for q in (0, 1):
+            _send_to(master, q, f"old-{q}-{i}".encode())
+    wait_caught_up(master, [slave])
+    poll(lambda: TOPIC in topic_names(slave) and cq_file(slave, 1).rstrip(b"\0") == cq_file(master, 1).rstrip(b"\0")
+         != b"", 10, what="the old topic's queues on the slave")
+
+    def last_sync() -> int:
+        return int(slave.status()["metadataSync"]["lastSuccessMillis"] or 0)
+
+    # Right after a sync round, so that deleting and creating again fall between two rounds.
+    seen = last_sync()
+    poll(lambda: last_sync() > seen, 10, what="a sync round")
+    synced = last_sync()
+    assert rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC}).code == ResponseCode.SUCCESS
+    create_topic(master.addr, TOPIC, queues=2)
+    assert _send_to(master, 0, b"new-0") == "0"
+    wait_caught_up(master, [slave])
+    assert last_sync() == synced, "a sync round ran between the deletion and the new topic: retry the test"
+
+    def agree() -> bool:
+        return all(cq_file(slave, q).rstrip(b"\0") == cq_file(master, q).rstrip(b"\0") for q in (0, 1))
+
+    poll(agree, 15, what="the slave's queues equal to the master's after the next sync round")
+    assert 0 < len(cq_file(master, 0).rstrip(b"\0")) <= 20 and cq_file(master, 1).rstrip(b"\0") == b""
+    for q, expected in ((0, "1"), (1, "0")):
+        for b in (master, slave):
+            got = rpc(b.addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": str(q)}).ext_fields["offset"]
+            assert got == expected, (b.addr, q, got)
+    # Sends after the round go on at the same queue offsets on both (the slave's queue table agrees).
+    assert _send_to(master, 1, b"new-1") == "0"
+    wait_caught_up(master, [slave])
+    poll(agree, 10, what="queues equal after one more send")

@@ -55,7 +55,7 @@ class ReplicationController:
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
-            on_topic_deleted=self.store.delete_topic_queues)
+            on_topic_deleted=self.store.delete_topic_queues, on_master_deletions=self.store.apply_topic_deletions)
         # An explicitly configured or injected master is not overridden by the nameserver.
         self.pinned_master = bool(settings.haMasterAddress)
         self._lock = asyncio.Lock()

@@ -17,7 +17,7 @@ from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_co
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
 from rmqbroker.metadata.errors import MetadataError
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager, decode_subscription_group_wrapper
-from rmqbroker.metadata.topics import TopicConfigManager, decode_topic_wrapper
+from rmqbroker.metadata.topics import TopicConfigManager, decode_topic_sync
 from rmqbroker.outer_api import BrokerOuterApi, OuterApiError
 from rmqbroker.remoting.codes import RequestCode
 
@@ -34,10 +34,13 @@ class SlaveMetadataSync:
     def __init__(self, api: BrokerOuterApi, own_addr: str, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, delay: DelayOffsetTable,
                  *, initial_delay: float = 3.0, interval: float = 10.0,
-                 on_topic_deleted: Callable[[str], Awaitable[object]] | None = None) -> None:
+                 on_topic_deleted: Callable[[str], Awaitable[object]] | None = None,
+                 on_master_deletions: Callable[[dict[str, int]], Awaitable[object]] | None = None) -> None:
         self.api = api
         # Called for each non-system topic the master no longer has (its consume queues go too).
         self.on_topic_deleted = on_topic_deleted
+        # Called every round with the master's deleted topics and where its log ended for each.
+        self.on_master_deletions = on_master_deletions
         self.own_addr = own_addr
         self.topics = topics
         self.groups = groups
@@ -108,7 +111,11 @@ class SlaveMetadataSync:
 
     async def _sync_topics(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
-        table, version = decode_topic_wrapper(body)
+        table, version, deleted = decode_topic_sync(body)
+        if deleted and self.on_master_deletions is not None:
+            # First, so that a topic deleted and created again since the last round loses the
+            # queues of its earlier life even though it never went missing from the table.
+            await self.on_master_deletions(deleted)
         before = set(self.topics.topic_names())
         if version is not None and self.topics.replace_all(table, version, persist=False):
             await self.topics.persist_async()

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -79,10 +80,13 @@ class JsonConfigFile(ABC, Generic[P]):
         log.info("loaded %s", self._path)
         return True
 
-    def encode(self, pretty: bool = False) -> str:
-        """The file's JSON text (compact by default, as in the GET_ALL_* response bodies)."""
+    def encode(self, pretty: bool = False, extra: Mapping[str, Any] | None = None) -> str:
+        """The file's JSON text (compact by default, as in the GET_ALL_* response bodies), with
+        ``extra`` top-level fields added (a response's, never persisted)."""
         with self._lock:
             obj = self._snapshot_locked()
+        if extra:
+            obj = dict(sorted({**obj, **extra}.items()))
         return to_json_text(obj, pretty=pretty)
 
     # -- persistence ----------------------------------------------------------------------------

@@ -211,10 +211,30 @@ class TopicConfig:
 TopicChangeListener = Callable[[str, TopicConfig | None], None]
 
 
+#: Project extension of the GET_ALL_TOPIC_CONFIG body: the master's deleted topics, each with where
+#: its commitlog ended when it went. A slave whose sync never saw a topic missing (deleted and
+#: created again between two rounds) learns the deletion from it. Java slaves ignore the field.
+DELETED_TOPICS_KEY = "deletedTopics"
+
+
 def decode_topic_wrapper(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None]:
     """Parse a TopicConfigSerializeWrapper (topics.json / GET_ALL_TOPIC_CONFIG body)."""
-    table, version, _ = decode_wrapper(fastjson_loads(text), "topicConfigTable", TopicConfig.from_json_obj)
+    table, version, _ = decode_topic_sync(text)
     return table, version
+
+
+def decode_topic_sync(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None, dict[str, int]]:
+    """A GET_ALL_TOPIC_CONFIG body: the table, its version and the master's deleted topics
+    (``DELETED_TOPICS_KEY``; empty from a master without the extension)."""
+    table, version, extra = decode_wrapper(fastjson_loads(text), "topicConfigTable", TopicConfig.from_json_obj)
+    raw = as_object(extra.get(DELETED_TOPICS_KEY) or {}, DELETED_TOPICS_KEY)
+    deleted = {}
+    for topic, end in raw.items():
+        offset = as_int(end, f"{DELETED_TOPICS_KEY}.{topic}")
+        if offset < 0:
+            raise MetadataFormatError(f"{DELETED_TOPICS_KEY}.{topic}: negative commitlog offset {offset}")
+        deleted[topic] = offset
+    return table, version, deleted
 
 
 class TopicConfigManager(VersionedTableFile[TopicConfig]):

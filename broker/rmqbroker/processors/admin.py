@@ -12,6 +12,7 @@ from rmqbroker.config import settings_properties
 from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
+    DELETED_TOPICS_KEY,
     MULTI_TAG,
     SINGLE_TAG,
     TopicConfig,
@@ -233,7 +234,9 @@ class AdminProcessor:
     async def get_all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         if len(self.ctx.topics) == 0:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
-        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.topics.encode().encode("utf-8"))
+        deleted = self.ctx.store.deleted_topics()
+        body = self.ctx.topics.encode(extra={DELETED_TOPICS_KEY: deleted} if deleted else None)
+        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_all_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.offsets.encode().encode("utf-8"))

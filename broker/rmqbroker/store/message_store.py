@@ -1390,8 +1390,9 @@ class MessageStore:
         had any. Its messages stay in the commitlog until retention removes them."""
         async with self._cq_io:
             # First where its records end, durably: a crash after this point cannot bring the
-            # queues back (re-dispatch skips those records), whatever the files still hold.
-            end = self.commitlog.max_offset()
+            # queues back (re-dispatch skips those records), whatever the files still hold. Never
+            # below a point already known (a slave that learnt its master's point, further on).
+            end = max(self.commitlog.max_offset(), self._deleted.get(topic, -1))
             if self._deleted.get(topic) != end:
                 self._deleted[topic] = end
                 await asyncio.to_thread(deleted_topics.save, self.config.deleted_topics_path, dict(self._deleted))
@@ -1400,6 +1401,43 @@ class MessageStore:
             self.delete_consume_queue(topic)
         log.info("consume queues of deleted topic %s removed (its records end before %d)", topic, end)
         return True
+
+    def deleted_topics(self) -> dict[str, int]:
+        """Deleted topics and where this log ended when each was deleted."""
+        return dict(self._deleted)
+
+    async def apply_topic_deletions(self, deletions: Mapping[str, int]) -> list[str]:
+        """A slave learns its master's deletions (topic -> the master's log end then). For each it
+        had not applied that far: records before the point never reach a queue again, queues
+        holding only such records go, and a queue already written by the topic created again
+        stays, its queue offset where its units end. The topics whose queues changed."""
+        async with self._cq_io:
+            fresh = {topic: end for topic, end in deletions.items() if end > self._deleted.get(topic, -1)}
+            if not fresh:
+                return []
+            # Durable first, as in delete_topic_queues: re-dispatch after a crash skips them too.
+            self._deleted.update(fresh)
+            await asyncio.to_thread(deleted_topics.save, self.config.deleted_topics_path, dict(self._deleted))
+            table = self.commitlog.topic_queue_table
+            changed: list[str] = []
+            for topic, end in sorted(fresh.items()):
+                queues = self._cqs.get(topic, {})
+                for qid, cq in sorted(queues.items()):
+                    key = f"{topic}-{qid}"
+                    last = cq.get_unit(cq.max_offset() - 1) if cq.max_offset() > cq.min_logic_offset else None
+                    if last is None or last[0] < end:
+                        cq.destroy()
+                        del queues[qid]
+                        table.pop(key, None)
+                    else:
+                        table[key] = cq.max_offset()
+                    changed.append(topic)
+                if not queues:
+                    self._cqs.pop(topic, None)
+            if changed:
+                log.info("deletions learnt from the master applied to the consume queues of %s",
+                         ", ".join(sorted(set(changed))))
+            return sorted(set(changed))
 
     # ============================================================================== retention ===
     def deletable_commitlog_files(self) -> list[Path]:

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from rmqbroker.metadata.data_version import DataVersion
-from rmqbroker.metadata.errors import MetadataLoadError, MetadataPersistError
+from rmqbroker.metadata.errors import MetadataFormatError, MetadataLoadError, MetadataPersistError
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.metadata.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
+    DELETED_TOPICS_KEY,
     NOT_ALLOWED_SEND_TOPICS,
     PERM_INHERIT,
     PERM_PRIORITY,
@@ -23,6 +24,7 @@ from rmqbroker.metadata.topics import (
     SCHEDULE_TOPIC,
     TopicConfig,
     TopicConfigManager,
+    decode_topic_sync,
     decode_topic_wrapper,
     is_not_allowed_send_topic,
     is_system_topic,
@@ -391,6 +393,22 @@ def test_corrupt_file_without_bak_refuses_to_start(config_dir: Path) -> None:
 
 
 # -- slave sync -------------------------------------------------------------------------------------
+
+
+def test_the_sync_body_carries_the_masters_deleted_topics(config_dir: Path) -> None:
+    """GET_ALL_TOPIC_CONFIG adds ``deletedTopics`` (the master's deletion points) to the wrapper;
+    the file never holds it, and a body without it (a Java master's) decodes to no deletions."""
+    mgr = make_manager(config_dir)
+    mgr.update_topic_config(TopicConfig("Kept", 2, 2))
+    mgr.persist()
+    body = mgr.encode(extra={DELETED_TOPICS_KEY: {"Gone": 4096}})
+    table, version, deleted = decode_topic_sync(body)
+    assert table == mgr.table() and version == mgr.data_version and deleted == {"Gone": 4096}
+    assert DELETED_TOPICS_KEY not in on_disk(config_dir)
+    assert decode_topic_sync(mgr.encode())[2] == {}
+    for bad in ({"Gone": -1}, {"Gone": "many"}, ["Gone"]):
+        with pytest.raises(MetadataFormatError, match=DELETED_TOPICS_KEY):
+            decode_topic_sync(json.dumps({**json.loads(mgr.encode()), DELETED_TOPICS_KEY: bad}))
 
 
 def test_replace_all(config_dir: Path) -> None:

@@ -608,6 +608,39 @@ async def test_deleted_topic_stays_deleted_after_an_abnormal_restart(cfg: StoreC
     await third.shutdown()
 
 
+async def test_a_masters_deletion_drops_queues_of_older_records_only(cfg: StoreConfig) -> None:
+    """A slave learns its master's deletion point of a topic: queues holding only records from
+    before it go (the slave skips such records from then on, after a crash too); a queue with a
+    record from after it (the topic written again) stays, its queue offset where its units end."""
+    store = MessageStore(cfg)
+    await store.start()
+    for _ in range(3):
+        await store.put_message(msg("T", 0))
+        await store.put_message(msg("T", 1))
+        await store.put_message(msg("U", 0))
+    end = store.max_phy_offset()
+    await store.put_message(msg("T", 0, b"after"))
+    assert await store.apply_topic_deletions({"T": end}) == ["T"]
+    assert ("T", 1) not in store.list_queues() and store.get_max_offset_in_queue("T", 1) == 0
+    assert store.get_max_offset_in_queue("T", 0) == 4 and store.topic_queue_table()["T-0"] == 4
+    assert "T-1" not in store.topic_queue_table() and store.get_max_offset_in_queue("U", 0) == 3
+    assert store.deleted_topics() == {"T": end}
+    path = store.config.store_path_root_dir / "deletedTopics.json"
+    assert json.loads(path.read_text()) == {"T": end}
+    # Known already (or an older point): nothing changes.
+    assert await store.apply_topic_deletions({"T": end}) == []
+    assert await store.apply_topic_deletions({"T": end - 1}) == []
+    # The slave's own deletion later never moves the point back.
+    assert await store.delete_topic_queues("U")
+    await store.shutdown()
+    cfg.abort_path.touch()  # a crash: re-dispatch from the checkpoint skips T's records before ``end``
+    again = MessageStore(cfg)
+    await again.start()
+    assert ("T", 1) not in again.list_queues() and again.get_max_offset_in_queue("T", 0) == 4
+    assert again.deleted_topics()["T"] == end
+    await again.shutdown()
+
+
 async def test_truncation_moves_deleted_topic_ends_back_to_the_cut(store: MessageStore) -> None:
     """After a cut (a demoted master following the new one), offsets past it hold the new
     master's records, which must be dispatched even for a topic deleted here before the cut."""
