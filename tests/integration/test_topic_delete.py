@@ -41,15 +41,19 @@ def cq_file(broker: BrokerProc, queue_id: int) -> bytes:
     return path.read_bytes() if path.exists() else b""
 
 
-@pytest.fixture
-def group(cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+def master_and_slave(cluster: Cluster, name: str, sync_interval_ms: int) -> tuple[Namesrv, BrokerProc, BrokerProc]:
     ns = cluster.namesrv()
-    conf: dict[str, Any] = {"maxMessageSize": 1024 * 1024, "slaveSyncInitialDelay": 200, "slaveSyncInterval": 500,
-                            "mappedFileSizeConsumeQueue": 6000}
-    master = cluster.broker(ns.addr, name="broker-d", mappedFileSizeCommitLog=SEG, **conf)
-    slave = cluster.broker(ns.addr, name="broker-d", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+    conf: dict[str, Any] = {"maxMessageSize": 1024 * 1024, "slaveSyncInitialDelay": 200,
+                            "slaveSyncInterval": sync_interval_ms, "mappedFileSizeConsumeQueue": 6000}
+    master = cluster.broker(ns.addr, name=name, mappedFileSizeCommitLog=SEG, **conf)
+    slave = cluster.broker(ns.addr, name=name, broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
                            haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
     return ns, master, slave
+
+
+@pytest.fixture
+def group(cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+    return master_and_slave(cluster, "broker-d", 500)
 
 
 def test_delete_topic_on_broker_slave_and_nameserver_then_recreate(
@@ -129,12 +133,7 @@ def test_topic_deleted_and_created_again_between_two_sync_rounds(cluster: Cluste
     """The slave's metadata sync never sees the topic missing, so it learns the deletion from the
     master's record of it (where the master's log ended then): queues built only from older records
     go, queues the new topic has written to already stay, and both brokers agree queue by queue."""
-    ns = cluster.namesrv()
-    conf: dict[str, Any] = {"maxMessageSize": 1024 * 1024, "slaveSyncInitialDelay": 200, "slaveSyncInterval": 4000,
-                            "mappedFileSizeConsumeQueue": 6000}
-    master = cluster.broker(ns.addr, name="broker-r", mappedFileSizeCommitLog=SEG, **conf)
-    slave = cluster.broker(ns.addr, name="broker-r", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
-                           haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
+    ns, master, slave = master_and_slave(cluster, "broker-r", 4000)
     create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
     for i in range(3):
         for q in (0, 1):
