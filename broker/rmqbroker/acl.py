@@ -36,12 +36,14 @@ PUB = 4
 SUB = 8
 _PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
 # Request codes only an admin account may send (Permission.ADMIN_CODE; 25 is UPDATE_BROKER_CONFIG).
-# DELETE_EXPIRED_COMMITLOG deletes data, and INVOKE_BROKER_TO_RESET_OFFSET and CLONE_GROUP_OFFSET set a
-# group's offsets, so they are admin-only here although 4.9 lets any account send them.
+# DELETE_EXPIRED_COMMITLOG, CLEAN_EXPIRED_CONSUMEQUEUE and CLEAN_UNUSED_TOPIC delete data, and
+# INVOKE_BROKER_TO_RESET_OFFSET and CLONE_GROUP_OFFSET set a group's offsets, so they are admin-only
+# here although 4.9 lets any account send them.
 ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, 25, RequestCode.DELETE_TOPIC_IN_BROKER,
                          RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                          RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
-                         RequestCode.CLONE_GROUP_OFFSET})
+                         RequestCode.CLONE_GROUP_OFFSET, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
+                         RequestCode.CLEAN_UNUSED_TOPIC})
 _UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY})
 MIN_KEY_LENGTH = 6
 _ANY_OCTET = range(256)

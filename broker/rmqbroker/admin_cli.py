@@ -241,9 +241,22 @@ async def _broker_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
 
 
 async def delete_expired_commit_log(admin: Admin, args: argparse.Namespace) -> str:
+    return await _each_broker(admin, args, RequestCode.DELETE_EXPIRED_COMMITLOG)
+
+
+async def clean_expired_cq(admin: Admin, args: argparse.Namespace) -> str:
+    return await _each_broker(admin, args, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE)
+
+
+async def clean_unused_topic(admin: Admin, args: argparse.Namespace) -> str:
+    return await _each_broker(admin, args, RequestCode.CLEAN_UNUSED_TOPIC)
+
+
+async def _each_broker(admin: Admin, args: argparse.Namespace, code: int) -> str:
+    """Send ``code`` without a header to each broker ``-b``/``-c`` names; its remark per broker."""
     out = []
     for addr in await _broker_addrs(admin, args):
-        resp = await admin.call(addr, RequestCode.DELETE_EXPIRED_COMMITLOG)
+        resp = await admin.call(addr, code)
         out.append(f"{addr}: {resp.remark or 'success'}")
     return "\n".join(out)
 
@@ -517,6 +530,9 @@ COMMANDS = {
     "consumerProgress": (consumer_progress, "a consumer group's progress and lag per queue"),
     "deleteExpiredCommitLog": (delete_expired_commit_log, "delete commitlog segments older than fileReservedTime "
                                "now, on one broker or every broker of a cluster"),
+    "cleanExpiredCQ": (clean_expired_cq, "remove consume queues whose every message retention deleted (their "
+                       "queue offsets start again at 0)"),
+    "cleanUnusedTopic": (clean_unused_topic, "remove the consume queues of topics a broker has no config for"),
     "queryMsgByKey": (query_msg_by_key, "the messages of a topic with a key (KEYS), from the brokers' index"),
     "queryMsgById": (query_msg_by_id, "one message by the broker's offset message id (SendResult.offsetMsgId)"),
     "queryMsgByUniqueKey": (query_msg_by_unique_key, "one message by the client's message id (UNIQ_KEY)"),
@@ -551,7 +567,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
     for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup"), "every master of this cluster"),
-                        (("deleteExpiredCommitLog", "brokerStatus", "getBrokerConfig"),
+                        (("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic", "brokerStatus",
+                          "getBrokerConfig"),
                          "every broker (masters and slaves) of this cluster")):
         for name in names:
             target = parsers[name].add_mutually_exclusive_group(required=True)

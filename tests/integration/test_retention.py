@@ -9,6 +9,7 @@ broker whose disk is over diskSpaceWarningLevelRatio refuses sends with SERVICE_
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -147,3 +148,56 @@ def test_a_full_disk_refuses_sends_with_service_not_available(cluster: Cluster) 
     assert results[0] is not None and "error" in results[0]
     assert master.status()["maxPhyOffset"] == max_before
     assert "rmq_disk_full{" in master.metrics() and master.status()["retention"]["diskUsedRatio"] > 0.01
+
+
+def test_clean_expired_consume_queues_and_unused_topics(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """mqadmin cleanExpiredCQ (306): a queue whose every message retention deleted goes, the
+    others stay. cleanUnusedTopic (316): queues of a topic without config (here: removed from
+    topics.json while the broker was down) go, and stay gone after a crash-like restart."""
+    ns = cluster.namesrv()
+    conf = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536, "mappedFileSizeConsumeQueue": 20 * 50,
+            "deleteWhen": off_hours(), "cleanResourceInterval": 1000, "diskMaxUsedSpaceRatio": 95}
+    b = cluster.broker(ns.addr, name="broker-c", **conf)
+    for topic in ("OldTopic", "UnusedTopic", TOPIC):
+        create_topic_and_wait(b.addr, ns.addr, topic, queues=1)
+    for topic in ("OldTopic", "UnusedTopic"):
+        assert send_raw(b.addr, topic, b"o" * 1000).code == ResponseCode.SUCCESS
+    while len(segment_paths(b)) < 4:
+        assert send_raw(b.addr, TOPIC, b"x" * 4000).code == ResponseCode.SUCCESS
+
+    def max_offset(topic: str) -> int:
+        return int(rpc(b.addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": "0"}).ext_fields["offset"])
+
+    active = max_offset(TOPIC)
+    assert rmq_admin(["cleanExpiredCQ", "-n", ns.addr, "-b", b.addr]) == 0
+    assert f"{b.addr}: removed 0 expired consume queue(s)" in capsys.readouterr().out
+    old = time.time() - 100 * 3600
+    for path in segment_paths(b)[:2]:
+        os.utime(path, (old, old))
+    assert rmq_admin(["deleteExpiredCommitLog", "-n", ns.addr, "-b", b.addr]) == 0
+    capsys.readouterr()
+    # Deleted now or, once flushed, in the next rounds (the request keeps deletion on for them).
+    poll(lambda: b.status()["minPhyOffset"] == 2 * SEG, 15, what="the two aged segments deleted")
+    assert rmq_admin(["cleanExpiredCQ", "-n", ns.addr, "-b", b.addr]) == 0
+    out = capsys.readouterr().out
+    assert "removed 2 expired consume queue(s): OldTopic-0, UnusedTopic-0" in out, out
+    assert not (b.store_dir / "consumequeue" / "OldTopic").exists()
+    assert max_offset("OldTopic") == 0 and max_offset(TOPIC) == active
+
+    # A topic's config gone while its queues are on disk.
+    assert send_raw(b.addr, "UnusedTopic", b"again").code == ResponseCode.SUCCESS
+    b.stop()
+    topics_json = b.store_dir / "config" / "topics.json"
+    doc = json.loads(topics_json.read_text())
+    del doc["topicConfigTable"]["UnusedTopic"]
+    topics_json.write_text(json.dumps(doc))
+    b.start()
+    assert (b.store_dir / "consumequeue" / "UnusedTopic").exists()
+    assert rmq_admin(["cleanUnusedTopic", "-n", ns.addr, "-b", b.addr]) == 0
+    out = capsys.readouterr().out
+    assert f"{b.addr}: removed the consume queues of 1 unused topic(s): UnusedTopic" in out, out
+    assert not (b.store_dir / "consumequeue" / "UnusedTopic").exists()
+    assert max_offset(TOPIC) == active and (b.store_dir / "consumequeue" / TOPIC).exists()
+    b.kill9()  # no clean shutdown: recovery re-dispatches, and the unused topic's queue stays gone
+    b.start()
+    assert not (b.store_dir / "consumequeue" / "UnusedTopic").exists() and max_offset(TOPIC) == active

@@ -13,7 +13,9 @@ from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
     DELETED_TOPICS_KEY,
+    DLQ_GROUP_TOPIC_PREFIX,
     MULTI_TAG,
+    RETRY_GROUP_TOPIC_PREFIX,
     SINGLE_TAG,
     TopicConfig,
     is_not_allowed_send_topic,
@@ -87,8 +89,30 @@ class AdminProcessor:
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self.consumer_running_info)
         server.register(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, self.topic_consumed_by_who)
         server.register(RequestCode.CLONE_GROUP_OFFSET, self.clone_group_offset)
+        server.register(RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE, self.clean_expired_consume_queue)
+        server.register(RequestCode.CLEAN_UNUSED_TOPIC, self.clean_unused_topic)
         if self._cleaner is not None:
             server.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog)
+
+    async def clean_expired_consume_queue(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin cleanExpiredCQ: consume queues whose every message retention deleted go."""
+        dropped = await self.ctx.store.clean_expired_consume_queues()
+        return cmd.make_response(ResponseCode.SUCCESS, f"removed {len(dropped)} expired consume queue(s)"
+                                 + (f": {', '.join(dropped)}" if dropped else ""))
+
+    async def clean_unused_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin cleanUnusedTopic: consume queues of topics this broker has no config for go
+        (as a deleted topic's: their records stay out of queues from then on). System, retry and
+        dead-letter topics' queues stay whatever the config says."""
+        ctx = self.ctx
+        configured = set(ctx.topics.topic_names())
+        unused = sorted({topic for topic, _qid in ctx.store.list_queues()
+                         if topic not in configured and not ctx.topics.is_system_topic(topic)
+                         and not topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))})
+        for topic in unused:
+            await ctx.store.delete_topic_queues(topic)
+        return cmd.make_response(ResponseCode.SUCCESS, f"removed the consume queues of {len(unused)} unused "
+                                 f"topic(s)" + (f": {', '.join(unused)}" if unused else ""))
 
     async def delete_expired_commitlog(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin deleteExpiredCommitLog: expired segments go now and in the next rounds, whatever

@@ -1421,23 +1421,44 @@ class MessageStore:
             table = self.commitlog.topic_queue_table
             changed: list[str] = []
             for topic, end in sorted(fresh.items()):
-                queues = self._cqs.get(topic, {})
-                for qid, cq in sorted(queues.items()):
-                    key = f"{topic}-{qid}"
-                    last = cq.get_unit(cq.max_offset() - 1) if cq.max_offset() > cq.min_logic_offset else None
-                    if last is None or last[0] < end:
-                        cq.destroy()
-                        del queues[qid]
-                        table.pop(key, None)
-                    else:
-                        table[key] = cq.max_offset()
-                    changed.append(topic)
-                if not queues:
-                    self._cqs.pop(topic, None)
+                if topic not in self._cqs:
+                    continue
+                changed.append(topic)
+                self._drop_queues(topic, below=end, unwritten_too=True)
+                for qid, cq in self._cqs.get(topic, {}).items():
+                    table[f"{topic}-{qid}"] = cq.max_offset()
             if changed:
-                log.info("deletions learnt from the master applied to the consume queues of %s",
-                         ", ".join(sorted(set(changed))))
-            return sorted(set(changed))
+                log.info("deletions learnt from the master applied to the consume queues of %s", ", ".join(changed))
+            return changed
+
+    async def clean_expired_consume_queues(self) -> list[str]:
+        """mqadmin cleanExpiredCQ (RocketMQ's cleanExpiredConsumerQueue): queues whose every record
+        retention has deleted go, files and queue offsets included (a later message in one starts
+        at offset 0 again); never the schedule topic's. ``topic-queueId`` of each queue dropped."""
+        async with self._cq_io:
+            min_phy = self.commitlog.min_offset()
+            dropped: list[str] = []
+            for topic in sorted(self._cqs):
+                if topic != SCHEDULE_TOPIC:
+                    dropped += [f"{topic}-{qid}" for qid in self._drop_queues(topic, below=min_phy)]
+        if dropped:
+            log.info("expired consume queues removed: %s", ", ".join(dropped))
+        return dropped
+
+    def _drop_queues(self, topic: str, below: int, unwritten_too: bool = False) -> list[int]:
+        """Destroy ``topic``'s queues whose last record is before commitlog offset ``below`` (and,
+        with ``unwritten_too``, those never written), and their queue offsets; their ids. The
+        caller holds ``_cq_io`` (no flush thread writes them meanwhile)."""
+        queues = self._cqs.get(topic, {})
+        table = self.commitlog.topic_queue_table
+        dropped = [qid for qid, cq in sorted(queues.items())
+                   if (unwritten_too or cq.max_offset() > 0) and _last_record_at(cq) < below]
+        for qid in dropped:
+            queues.pop(qid).destroy()
+            table.pop(f"{topic}-{qid}", None)
+        if not queues:
+            self._cqs.pop(topic, None)
+        return dropped
 
     # ============================================================================== retention ===
     def deletable_commitlog_files(self) -> list[Path]:
@@ -1503,6 +1524,14 @@ class MessageStore:
         for qid, cq in queues.items():
             cq.destroy()
             self.commitlog.topic_queue_table.pop(f"{topic}-{qid}", None)
+
+
+def _last_record_at(cq: ConsumeQueue) -> int:
+    """Commitlog offset of the record ``cq``'s last unit points to; -1 when it has none (never
+    written, or its files are gone)."""
+    n = cq.max_offset()
+    unit = cq.get_unit(n - 1) if n > 0 else None
+    return unit[0] if unit is not None else -1
 
 
 def _flush_index_file(f: IndexFile, checkpoint: StoreCheckpoint) -> None:

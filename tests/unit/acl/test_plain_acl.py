@@ -111,6 +111,11 @@ def test_admin_codes_need_an_admin_account(acl: PlainAcl) -> None:
     ext = {"topic": "T", "readQueueNums": "4", "writeQueueNums": "4", "perm": "6"}
     assert "Need admin permission" in (acl.check("127.0.0.1", request(17, ext, creds=PRODUCER)) or "")
     assert acl.check("127.0.0.1", request(17, ext, creds=ADMIN)) is None
+    # Requests that delete data or move a group's offsets, header-less ones too.
+    for code in (RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
+                 RequestCode.CLEAN_UNUSED_TOPIC, RequestCode.CLONE_GROUP_OFFSET):
+        assert "Need admin permission" in (acl.check("127.0.0.1", request(code, {}, creds=PRODUCER)) or ""), code
+        assert acl.check("127.0.0.1", request(code, {}, creds=ADMIN)) is None, code
     # Codes with no resources need only a valid signature.
     assert acl.check("127.0.0.1", request(RequestCode.GET_MAX_OFFSET, {"topic": "X", "queueId": "0"},
                                           creds=PRODUCER)) is None
