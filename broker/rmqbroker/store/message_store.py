@@ -1424,7 +1424,7 @@ class MessageStore:
                 if topic not in self._cqs:
                     continue
                 changed.append(topic)
-                self._drop_queues(topic, below=end, unwritten_too=True)
+                self._drop_queues(topic, ending_by=end)
                 for qid, cq in self._cqs.get(topic, {}).items():
                     table[f"{topic}-{qid}"] = cq.max_offset()
             if changed:
@@ -1440,25 +1440,28 @@ class MessageStore:
             dropped: list[str] = []
             for topic in sorted(self._cqs):
                 if topic != SCHEDULE_TOPIC:
-                    dropped += [f"{topic}-{qid}" for qid in self._drop_queues(topic, below=min_phy)]
+                    dropped += [f"{topic}-{qid}" for qid in self._drop_queues(topic, ending_by=min_phy)]
         if dropped:
             log.info("expired consume queues removed: %s", ", ".join(dropped))
         return dropped
 
-    def _drop_queues(self, topic: str, below: int, unwritten_too: bool = False) -> list[int]:
-        """Destroy ``topic``'s queues whose last record is before commitlog offset ``below`` (and,
-        with ``unwritten_too``, those never written), and their queue offsets; their ids. The
-        caller holds ``_cq_io`` (no flush thread writes them meanwhile)."""
+    def _drop_queues(self, topic: str, ending_by: int) -> list[int]:
+        """Destroy ``topic``'s written queues whose last record ends by commitlog offset
+        ``ending_by``, and their queue offsets; their ids. The caller holds ``_cq_io`` (no flush
+        thread writes them meanwhile)."""
+        dropped = [qid for qid, cq in sorted(self._cqs.get(topic, {}).items())
+                   if cq.max_offset() > 0 and cq.max_phy_end <= ending_by]
+        self._destroy_queues(topic, dropped)
+        return dropped
+
+    def _destroy_queues(self, topic: str, queue_ids: list[int]) -> None:
         queues = self._cqs.get(topic, {})
         table = self.commitlog.topic_queue_table
-        dropped = [qid for qid, cq in sorted(queues.items())
-                   if (unwritten_too or cq.max_offset() > 0) and _last_record_at(cq) < below]
-        for qid in dropped:
+        for qid in queue_ids:
             queues.pop(qid).destroy()
             table.pop(f"{topic}-{qid}", None)
         if not queues:
             self._cqs.pop(topic, None)
-        return dropped
 
     # ============================================================================== retention ===
     def deletable_commitlog_files(self) -> list[Path]:
@@ -1520,18 +1523,7 @@ class MessageStore:
 
     def delete_consume_queue(self, topic: str) -> None:
         """Forget a topic's consume queues (files included) and its queue offsets."""
-        queues = self._cqs.pop(topic, {})
-        for qid, cq in queues.items():
-            cq.destroy()
-            self.commitlog.topic_queue_table.pop(f"{topic}-{qid}", None)
-
-
-def _last_record_at(cq: ConsumeQueue) -> int:
-    """Commitlog offset of the record ``cq``'s last unit points to; -1 when it has none (never
-    written, or its files are gone)."""
-    n = cq.max_offset()
-    unit = cq.get_unit(n - 1) if n > 0 else None
-    return unit[0] if unit is not None else -1
+        self._destroy_queues(topic, list(self._cqs.get(topic, {})))
 
 
 def _flush_index_file(f: IndexFile, checkpoint: StoreCheckpoint) -> None:
