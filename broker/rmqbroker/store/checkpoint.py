@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE_SIZE = 4096
 # Checkpoint: 0 physicMsgTimestamp q | 8 logicsMsgTimestamp q | 16 indexMsgTimestamp q
 _CHECKPOINT = struct.Struct(">qqq")
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class StoreCheckpoint:
@@ -71,7 +72,13 @@ class StoreCheckpoint:
 
 
 class AbortMarker:
-    """Empty ``abort`` file: present while the store runs, so finding it at start means a crash."""
+    """The ``abort`` file: present while the store runs, so finding it at start means a crash.
+
+    RocketMQ only tests whether it exists. This store also writes the kernel's boot id into it, so
+    that the next start can tell a crash of the process (every write to a mapped file survived in
+    the page cache) from a crash or power loss of the machine (pages not yet written back are
+    lost). A marker without a boot id (a Java broker's, an older one's) counts as the machine's.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -79,11 +86,22 @@ class AbortMarker:
     def exists(self) -> bool:
         return self.path.exists()
 
-    def create(self) -> None:
-        """Create and fsync the marker and its directory entry; blocking."""
+    def written_this_boot(self) -> bool:
+        """Whether the marker was written since the machine last booted (a process crash)."""
+        current = boot_id()
+        if current is None:
+            return False
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            return self.path.read_text(encoding="ascii", errors="replace").strip() == current
+        except OSError:
+            return False
+
+    def create(self) -> None:
+        """Write the marker with this boot's id and fsync it and its directory entry; blocking."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                os.write(fd, (boot_id() or "").encode("ascii"))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -99,6 +117,15 @@ class AbortMarker:
             pass
         except OSError as exc:
             raise StoreError(f"cannot remove abort marker {self.path}: {exc}") from exc
+
+
+def boot_id() -> str | None:
+    """The running kernel's boot id (new at every boot; shared by the containers of one node)."""
+    try:
+        with open(_BOOT_ID, encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _fsync_dir(directory: Path) -> None:

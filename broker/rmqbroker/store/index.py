@@ -129,6 +129,16 @@ class IndexFile:
         # The header goes with every entry: a crashed process leaves a file that loads as it was.
         self._write_header()
 
+    def trailing_entries(self, phy: int) -> int:
+        """How many of the newest entries point at the record at ``phy``."""
+        base = HEADER_SIZE + self.slot_num * SLOT_SIZE
+        n = 0
+        idx = self.count - 1
+        while idx >= 1 and ENTRY.unpack_from(self.mm, base + idx * ENTRY_SIZE)[1] == phy:
+            n += 1
+            idx -= 1
+        return n
+
     def time_overlaps(self, begin: int, end: int) -> bool:
         return (begin < self.begin_ts and end > self.end_ts) or self.begin_ts <= begin <= self.end_ts \
             or self.begin_ts <= end <= self.end_ts
@@ -194,34 +204,81 @@ class IndexService:
         self.files: list[IndexFile] = []
         # Commitlog offset of the newest indexed record (-1: none).
         self.end_phy = -1
+        # Indexing again after a machine crash: the record at this offset already has this many of
+        # its keys in the last file kept (its other keys went to a file that was dropped).
+        self._resume_phy = -1
+        self._resume_keys = 0
 
-    def load(self, commitlog_end: int) -> None:
+    def load(self, commitlog_end: int, *, durable_until_ts: int | None = None) -> int | None:
         """Map the existing files, oldest first. Files that begin at or beyond the recovered commitlog
-        end index records that are gone (lost with an OS crash): they are deleted."""
+        end index records that are gone (lost with an OS crash): they are deleted.
+
+        ``durable_until_ts`` is given after a crash of the machine, with the checkpoint's index time:
+        only a file known to be written back whole (full, and flushed up to that time) can be
+        trusted, because a lost slot page cuts every chain through it and a lost entry page breaks
+        the chains that lead to it. From the first file that is not, files are deleted, and the
+        commitlog offset from which records must be indexed again is returned (``None``: nothing).
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob("*" + TMP_SUFFIX):
             leftover.unlink(missing_ok=True)
+        machine_crash = durable_until_ts is not None
+        rebuild_from: int | None = None
         for name in sorted(p.name for p in self.directory.iterdir() if _NAME.match(p.name)):
+            if rebuild_from is not None:
+                log.warning("index file %s was written after the last one known durable; rebuilding it", name)
+                (self.directory / name).unlink(missing_ok=True)
+                continue
             try:
                 f = IndexFile(self.directory / name, self.slot_num, self.index_num, create=False)
             except StoreError as exc:
-                # The commitlog is the truth and the index only a lookup aid: a broker must not stay
-                # down for it. The file is kept aside for inspection; its messages are not found by key.
-                aside = self.directory / (name + ".unusable")
-                n = 1
-                while aside.exists():  # one set aside before under the same name: keep both
-                    n += 1
-                    aside = self.directory / f"{name}.unusable.{n}"
-                log.error("%s; moving it aside to %s (queries miss the messages it indexed)", exc, aside.name)
-                os.replace(self.directory / name, aside)
+                if machine_crash:
+                    log.warning("%s; rebuilding the index from there", exc)
+                    (self.directory / name).unlink(missing_ok=True)
+                    rebuild_from = self._rebuild_start(None)
+                    continue
+                self._set_aside(name, exc)
                 continue
             if f.count > 1 and f.begin_phy >= commitlog_end:
                 log.warning("index file %s starts at %d, beyond the commitlog end %d; deleting it", name,
                             f.begin_phy, commitlog_end)
                 f.destroy()
                 continue
+            if durable_until_ts is not None and not (f.is_full and f.end_ts <= durable_until_ts):
+                log.warning("the machine crashed while %s was written (entries up to %d ms, checkpoint at %d ms): "
+                            "rebuilding it from the commitlog", name, f.end_ts, durable_until_ts)
+                rebuild_from = self._rebuild_start(f)
+                f.destroy()
+                continue
             self.files.append(f)
         self.end_phy = max((f.end_phy for f in self.files if f.count > 1), default=-1)
+        if rebuild_from is not None:
+            self.end_phy = rebuild_from - 1
+        return rebuild_from
+
+    def _rebuild_start(self, first_dropped: IndexFile | None) -> int:
+        """Where indexing starts again when the files from ``first_dropped`` on are dropped: at the
+        last kept file's newest record (its keys may continue in the dropped file, and those it
+        holds are not indexed twice), else where the dropped file began, else at the log's start."""
+        if self.files:
+            last = self.files[-1]
+            self._resume_phy = last.end_phy
+            self._resume_keys = last.trailing_entries(last.end_phy)
+            return last.end_phy
+        if first_dropped is not None and first_dropped.count > 1:
+            return first_dropped.begin_phy
+        return 0
+
+    def _set_aside(self, name: str, exc: StoreError) -> None:
+        # The commitlog is the truth and the index only a lookup aid: a broker must not stay
+        # down for it. The file is kept aside for inspection; its messages are not found by key.
+        aside = self.directory / (name + ".unusable")
+        n = 1
+        while aside.exists():  # one set aside before under the same name: keep both
+            n += 1
+            aside = self.directory / f"{name}.unusable.{n}"
+        log.error("%s; moving it aside to %s (queries miss the messages it indexed)", exc, aside.name)
+        os.replace(self.directory / name, aside)
 
     def _writable_file(self) -> IndexFile:
         last = self.files[-1] if self.files else None
@@ -251,12 +308,23 @@ class IndexService:
         if phy <= self.end_phy:
             return []
         full: list[IndexFile] = []
+        skip = 0
+        if phy == self._resume_phy:
+            skip = self._resume_keys
+            self._resume_phy = -1
+            self.end_phy = phy
         if uniq_key:
-            self._put(build_key(topic, uniq_key), phy, store_ts, full)
+            if skip:
+                skip -= 1
+            else:
+                self._put(build_key(topic, uniq_key), phy, store_ts, full)
         if keys:
             for key in keys.split(" "):
                 if key:
-                    self._put(build_key(topic, key), phy, store_ts, full)
+                    if skip:
+                        skip -= 1
+                    else:
+                        self._put(build_key(topic, key), phy, store_ts, full)
         return full
 
     def _put(self, key: str, phy: int, store_ts: int, full: list[IndexFile]) -> None:
@@ -297,6 +365,7 @@ class IndexService:
         while self.files and self.files[-1].count > 1 and self.files[-1].begin_phy >= end:
             self.files.pop().destroy()
         self.end_phy = min(self.end_phy, end - 1)
+        self._resume_phy = -1
 
     def flush(self) -> None:
         """Blocking; run in a worker thread."""

@@ -340,6 +340,8 @@ class MessageStore:
         self._role = config.broker_role
         self._stopping = False
         self._last_exit_ok = True
+        # The previous run ended with the machine (not only the process) crashing: see AbortMarker.
+        self._machine_crashed = False
         self._lock_fd: int | None = None
         # Next commitlog offset whose record still has to be dispatched to consume queues.
         self._reput_offset = 0
@@ -371,6 +373,7 @@ class MessageStore:
         self._acquire_lock()
         try:
             self._last_exit_ok = not self._abort.exists()
+            self._machine_crashed = not self._last_exit_ok and not self._abort.written_this_boot()
             await asyncio.to_thread(self._load_and_recover)
             await asyncio.to_thread(self._abort.create)
         except BaseException:
@@ -473,7 +476,10 @@ class MessageStore:
         min_phy = self.commitlog.min_offset()
         if self.config.message_index_enable:
             self.index = IndexService(self.config.index_dir, self.config.max_hash_slot_num, self.config.max_index_num)
-            self.index.load(end)
+            durable = self.checkpoint.index_msg_timestamp if self._machine_crashed else None
+            reindex_from = self.index.load(end, durable_until_ts=durable)
+            if reindex_from is not None:
+                self._reindex(max(reindex_from, min_phy), end)
         else:
             self.index = None
 
@@ -570,9 +576,19 @@ class MessageStore:
         return False
 
     # =============================================================================== dispatch ===
-    def _dispatch_from(self, start: int, budget: int | None = None) -> int:
-        """Build consume-queue units for complete records from ``start`` (at most ``budget`` bytes of
-        them when given); returns where it stopped (always a record boundary)."""
+    def _reindex(self, start: int, end: int) -> None:
+        """Index the records of ``[start, end)`` again (index files lost with the machine)."""
+        if start >= end:
+            return
+        began = time.monotonic()
+        log.warning("indexing commitlog [%d, %d) again", start, end)
+        stopped = self._dispatch_from(start, index_only=True)
+        log.warning("indexed commitlog [%d, %d) again in %.1f s", start, stopped, time.monotonic() - began)
+
+    def _dispatch_from(self, start: int, budget: int | None = None, index_only: bool = False) -> int:
+        """Build consume-queue units (and index entries) for complete records from ``start`` (at most
+        ``budget`` bytes of them when given); returns where it stopped (always a record boundary).
+        ``index_only`` builds index entries alone."""
         mfq = self.commitlog.mfq
         mf = mfq.find_file(start)
         if mf is None:
@@ -599,7 +615,10 @@ class MessageStore:
                         break  # the rest of this record has not arrived yet
                     check_record(mf.mm, rel, check_crc=False, limit=wrote)
                     fields = dispatch_fields(mf.mm, rel)
-                self._dispatch_one(mf.file_from_offset + rel, fields)
+                if index_only:
+                    self._index_record(mf.file_from_offset + rel, fields[1], fields[5], fields[4], fields[6])
+                else:
+                    self._dispatch_one(mf.file_from_offset + rel, fields)
                 rel += fields[0]
         except CorruptRecordError as exc:
             log.error("cannot dispatch the commitlog past %d: %s", mf.file_from_offset + rel, exc)
@@ -609,11 +628,8 @@ class MessageStore:
         size, topic, qid, qoff, sys_flag, store_ts, props = fields
         tran = sys_flag & TRANSACTION_TYPE_MASK
         self.commitlog.last_store_timestamp = store_ts
-        if self.index is not None and tran != TRANSACTION_ROLLBACK_TYPE:
-            uniq = get_property(props, UNIQ_KEY)
-            keys = get_property(props, KEYS)
-            if uniq or keys:
-                self._index(phy, topic, store_ts, uniq, keys)
+        if self.index is not None:
+            self._index_record(phy, topic, store_ts, sys_flag, props)
         if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             return
         deleted = self._deleted
@@ -633,6 +649,13 @@ class MessageStore:
         self._logics_ts = store_ts
         if self._listeners:
             self._notify(topic, qid, cq.max_offset())
+
+    def _index_record(self, phy: int, topic: str, store_ts: int, sys_flag: int, props: str) -> None:
+        if self.index is not None and sys_flag & TRANSACTION_TYPE_MASK != TRANSACTION_ROLLBACK_TYPE:
+            uniq = get_property(props, UNIQ_KEY)
+            keys = get_property(props, KEYS)
+            if uniq or keys:
+                self._index(phy, topic, store_ts, uniq, keys)
 
     def _get_or_create_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         queues = self._cqs.get(topic)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqbroker.store.checkpoint import boot_id
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.errors import StoreError
 from rmqbroker.store.index import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexService, build_key, key_hash
@@ -130,6 +131,47 @@ def test_an_unusable_file_is_set_aside_and_indexing_goes_on(tmp_path: Path,
     assert third.files == [] and len(list(d.iterdir())) == 2
 
 
+def test_after_a_machine_crash_files_not_known_durable_are_built_again(tmp_path: Path) -> None:
+    d = tmp_path / "index"
+    svc = IndexService(d, slot_num=11, index_num=10)  # 9 entries per file: records' keys straddle files
+    svc.load(0)
+    for i in range(20):
+        svc.build(i * 10, "T", T0 + i, f"U{i}", f"k{i} all extra")
+    assert len(svc.files) == 9
+    durable = svc.files[2]
+    straddles = durable.trailing_entries(durable.end_phy)
+    assert 0 < straddles < 4  # the record at its end has its other keys in the next file
+    durable_ts, durable_names = durable.end_ts, [f.path.name for f in svc.files[:3]]
+    total = sum(f.count - 1 for f in svc.files)
+    svc.close()
+
+    again = IndexService(d, slot_num=11, index_num=10)
+    start = again.load(10_000, durable_until_ts=durable_ts)
+    assert start == durable.end_phy and [f.path.name for f in again.files] == durable_names
+    assert len(list(d.iterdir())) == 3  # the files written after the checkpoint are gone
+    for i in range(start // 10, 20):  # the store indexes the commitlog again from ``start``
+        again.build(i * 10, "T", T0 + i, f"U{i}", f"k{i} all extra")
+    assert sum(f.count - 1 for f in again.files) == total  # no key indexed twice
+    for i in range(20):
+        assert again.query("T", f"k{i}", 64, 0, T0 + 100)[0] == [i * 10]
+        assert again.query("T", f"U{i}", 64, 0, T0 + 100)[0] == [i * 10]
+    assert sorted(again.query("T", "all", 64, 0, T0 + 100)[0]) == [i * 10 for i in range(20)]
+    second, first_end = again.files[1].path, again.files[0].end_phy
+    again.close()
+
+    # A file that is not full is never known durable; nor is anything after an unreadable file.
+    with open(second, "r+b") as fh:
+        fh.write(bytes(HEADER_SIZE))  # its header page never reached the disk
+    third = IndexService(d, slot_num=11, index_num=10)
+    assert third.load(10_000, durable_until_ts=T0 + 10**6) == first_end
+    assert len(third.files) == 1
+    third.close()
+    # After a process crash (no durable time given) nothing is built again.
+    fourth = IndexService(d, slot_num=11, index_num=10)
+    assert fourth.load(10_000) is None and len(fourth.files) == 1
+    fourth.close()
+
+
 # ---------------------------------------------------------------- through the store
 def small_index(root: Path, **kw: object) -> StoreConfig:
     return make_config(root, max_hash_slot_num=5, max_index_num=50, **kw)
@@ -169,7 +211,7 @@ async def test_store_answers_queries_by_key_and_unique_key(tmp_path: Path) -> No
     finally:
         await store.shutdown()
     # After a restart (abnormal too: re-dispatch must not index records twice) queries still answer.
-    cfg.abort_path.touch()
+    cfg.abort_path.write_text(boot_id() or "")  # the process crashed, the machine did not
     store = MessageStore(cfg)
     await store.start()
     try:
@@ -177,6 +219,69 @@ async def test_store_answers_queries_by_key_and_unique_key(tmp_path: Path) -> No
         assert store.index is not None and sum(f.count - 1 for f in store.index.files) == indexed
         assert [decode_record(r).body for r in store.query_message("Orders", "order-99", 64, 0,
                                                                    int(time.time() * 1000)).records] == [b"order 99"]
+    finally:
+        await store.shutdown()
+
+
+async def test_a_machine_crash_rebuilds_the_index_pages_it_may_have_lost(tmp_path: Path) -> None:
+    """The machine (not only the process) crashed: index pages written since the checkpoint may
+    be lost, and a lost slot page cuts every chain through it. The store tells the two crashes
+    apart by the boot id in the abort marker, and builds such files again from the commitlog."""
+    cfg = small_index(tmp_path / "store")
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(60):
+        store.append_message(msg("Orders", i % 3, f"order {i}".encode(), KEYS=f"order-{i} all", UNIQ_KEY=f"ID{i}"))
+    await store.shutdown()
+    checkpoint = cfg.checkpoint_path.read_bytes()
+    before = {p.name: p.read_bytes() for p in cfg.index_dir.iterdir()}
+
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(60, 150):
+        store.append_message(msg("Orders", i % 3, f"order {i}".encode(), KEYS=f"order-{i} all", UNIQ_KEY=f"ID{i}"))
+    assert store.index is not None
+    indexed = sum(f.count - 1 for f in store.index.files)
+    await store.shutdown()
+    # The crash: the checkpoint of the first run is the last that reached the disk, and of the
+    # index files written since, the slot pages were lost (one file lost everything).
+    cfg.checkpoint_path.write_bytes(checkpoint)
+    changed = sorted(p for p in cfg.index_dir.iterdir() if before.get(p.name) != p.read_bytes())
+    assert len(changed) >= 3
+    for n, path in enumerate(changed):
+        data = bytearray(path.read_bytes())
+        lost = len(data) if n == 1 else HEADER_SIZE + 5 * SLOT_SIZE
+        data[HEADER_SIZE if n != 1 else 0:lost] = bytes(lost - (HEADER_SIZE if n != 1 else 0))
+        path.write_bytes(data)
+
+    def found(st: MessageStore, key: str) -> list[bytes]:
+        return [decode_record(r).body for r in st.query_message("Orders", key, 64, 0, int(time.time() * 1000)).records]
+
+    # A process crash trusts the files (their pages were in the page cache): the damage shows.
+    cfg.abort_path.write_text(boot_id() or "")
+    store = MessageStore(cfg)
+    await store.start()
+    missing = [i for i in range(150) if found(store, f"order-{i}") != [f"order {i}".encode()]]
+    assert missing
+    await store.shutdown()
+    for path in changed:  # the same damage again (the clean shutdown flushed the index)
+        if path.exists():
+            data = bytearray(path.read_bytes())
+            data[HEADER_SIZE:HEADER_SIZE + 5 * SLOT_SIZE] = bytes(5 * SLOT_SIZE)
+            path.write_bytes(data)
+    cfg.checkpoint_path.write_bytes(checkpoint)
+    cfg.abort_path.write_text("another-boot")
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        assert not store.last_exit_ok
+        for i in range(150):
+            assert found(store, f"order-{i}") == [f"order {i}".encode()]
+            assert found(store, f"ID{i}") == [f"order {i}".encode()]
+        assert len(found(store, "all")) == 64  # maxNum
+        assert store.index is not None and sum(f.count - 1 for f in store.index.files) == indexed
+        kept = [p for p in before if (cfg.index_dir / p).exists()]
+        assert kept and all((cfg.index_dir / p).read_bytes() == before[p] for p in kept)
     finally:
         await store.shutdown()
 
