@@ -51,7 +51,7 @@ USER 10001:10001
 WORKDIR /home/rmq
 
 # nameserver, broker remoting, broker HA
-EXPOSE 9876 10911 10912
+EXPOSE 9876 10909 10911 10912
 
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["rmq-broker"]

@@ -152,7 +152,7 @@ async def amain(args: argparse.Namespace) -> int:
     broker = None
     try:
         settings = build_settings(
-            f"brokerName=micro\nbrokerIP1=127.0.0.1\nlistenHost=127.0.0.1\nlistenPort=1\n"
+            f"brokerName=micro\nbrokerIP1=127.0.0.1\nlistenHost=127.0.0.1\nlistenPort=1\nfastListenPort=0\n"
             f"storePathRootDir={workdir / 'store'}\nflushDiskType=ASYNC_FLUSH\n", env={})
         broker = Broker(settings)
         await broker.store.start()

@@ -709,7 +709,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         workdir / "namesrv.log", args.broker_path).start()
         wait_port(ns_port)
         ns_addr = f"127.0.0.1:{ns_port}"
-        port = free_port_block(2)
+        port = free_port_block(4) + 2  # listenPort - 2 is the VIP channel
         admin_port = free_port()
         conf = broker_conf(workdir, ns_addr, port, admin_port, args.flush, args.segment_mb * 1024 * 1024)
         broker = Child("broker", [PY, "-m", "rmqbroker.main", "-c", str(conf)], workdir / "broker.log",

@@ -31,6 +31,7 @@ from rmqbroker.processors.pull import PullMessageProcessor
 from rmqbroker.processors.query import QueryMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
 from rmqbroker.remoting.client import split_addr
+from rmqbroker.remoting.codes import RequestCode
 from rmqbroker.remoting.server import RemotingServer
 from rmqbroker.runtime import Supervisor
 from rmqbroker.schedule import ScheduleMessageService
@@ -121,6 +122,7 @@ class Broker:
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
         else:
             self.acl_watcher = None
+        self.fast_server = self._fast_server(self.server, settings)
         self.topics.add_change_listener(self._topic_changed)
         self.outer = BrokerOuterApi(credentials=(settings.aclAccessKey, settings.aclSecretKey)
                                     if settings.aclAccessKey else None)
@@ -285,12 +287,33 @@ class Broker:
     async def _scan_clients(self) -> None:
         self.clients.scan_expired(self.settings.clientChannelExpiredMillis / 1000)
 
+    @staticmethod
+    def _fast_server(main: RemotingServer, settings: BrokerSettings) -> RemotingServer | None:
+        """RocketMQ's VIP channel: a second listener (``listenPort - 2`` by default) with the main
+        port's handlers, ACL included, except PULL_MESSAGE, which it answers REQUEST_CODE_NOT_SUPPORTED
+        as Java's does. Java clients up to 4.4 send there by default, and Java slaves sync metadata
+        there. Its connections and requests count in the main port's statistics."""
+        port = settings.fast_port
+        if not port:
+            return None
+        fast = RemotingServer(settings.listenHost, port, name="broker VIP channel", stats=main.stats)
+        fast.latency = main.latency
+        fast.handlers = {code: h for code, h in main.handlers.items() if code != RequestCode.PULL_MESSAGE}
+        return fast
+
     # -- lifecycle --
     async def start(self) -> None:
         s = self.settings
         await self.store.start()
         self.started_ms = int(time.time() * 1000)
         await self.server.start()
+        if self.fast_server is not None:
+            try:
+                await self.fast_server.start()
+            except OSError as exc:
+                await self.server.stop()
+                raise OSError(exc.errno, f"fastListenPort {self.fast_server.port} (the VIP channel; 0 turns it "
+                                         f"off): {exc.strerror}") from exc
         if self.admin is not None:
             await self.admin.start()
         sup = self.supervisor
@@ -423,6 +446,8 @@ class Broker:
         await self.supervisor.stop()
         await self.replication.stop()
         await self.server.stop()
+        if self.fast_server is not None:
+            await self.fast_server.stop()
         if s.namesrv_addrs:
             await self.outer.unregister_broker_all(
                 s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,

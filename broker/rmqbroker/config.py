@@ -53,6 +53,8 @@ class BrokerSettings:
     listenHost: str = field(default="0.0.0.0", metadata=_key("listenHost"))
     listenPort: int = field(default=10911, metadata=_key("listenPort"))
     haListenPort: int = field(default=0, metadata=_key("haListenPort"))
+    # -1: listenPort - 2, as Java's "VIP channel" (fast remoting server) is; 0: none.
+    fastListenPort: int = field(default=-1, metadata=_key("fastListenPort"))
     haMasterAddress: str = field(default="", metadata=_key("haMasterAddress"))
     adminListenPort: int = field(default=0, metadata=_key("adminListenPort"))
     adminToken: str = field(default="", metadata=_key("adminToken"))
@@ -121,6 +123,11 @@ class BrokerSettings:
     def ha_port(self) -> int:
         # Unlike Java 4.x, a configured haListenPort is honoured.
         return self.haListenPort if self.haListenPort > 0 else self.listenPort + 1
+
+    @property
+    def fast_port(self) -> int:
+        """The VIP channel's port (0: none)."""
+        return self.listenPort - 2 if self.fastListenPort < 0 else self.fastListenPort
 
     @property
     def broker_addr(self) -> str:
@@ -303,6 +310,12 @@ def _validate(s: BrokerSettings) -> None:
             raise ConfigError(f"{key}: {value} is not a TCP port")
     if s.listenPort == 0:
         raise ConfigError("listenPort: must be set")
+    if not -1 <= s.fastListenPort <= 65535:
+        raise ConfigError(f"fastListenPort: {s.fastListenPort} is not a TCP port (0 turns the VIP channel off)")
+    if s.fast_port and s.fast_port in (s.listenPort, s.ha_port, s.adminListenPort):
+        raise ConfigError(f"fastListenPort: {s.fast_port} is already the remoting, HA or admin port")
+    if s.fastListenPort < 0 and s.listenPort <= 2:
+        raise ConfigError("fastListenPort: listenPort - 2 is no port; set fastListenPort (0 for none)")
     for key in ("mappedFileSizeCommitLog", "maxMessageSize", "defaultTopicQueueNums"):
         if getattr(s, key) <= 0:
             raise ConfigError(f"{key}: must be positive")

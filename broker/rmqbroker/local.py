@@ -124,6 +124,7 @@ def render_conf(spec: GroupSpec, broker_id: int, data_dir: Path, ports: dict[str
         "listenHost": "127.0.0.1",
         "listenPort": str(ports["listen"]),
         "haListenPort": str(ports["ha"]),
+        "fastListenPort": str(ports["listen"] - 2),
         "adminListenPort": str(ports["admin"]),
         "adminTokenFile": str(token_file),
         "storePathRootDir": str(data_dir / f"broker-{broker_id}" / "store"),
@@ -217,7 +218,7 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
                 p.kill()
 
     try:
-        needed = [namesrv_port] + [base_port + 10 * i + d for i in range(spec.replicas) for d in (0, 1, 5)]
+        needed = [namesrv_port] + [base_port + 10 * i + d for i in range(spec.replicas) for d in (-2, 0, 1, 5)]
         busy = [p for p in needed if not _port_free(p)]
         if busy:
             print(f"rmq-local: ports in use: {busy}; pass --base-port/--namesrv-port", file=sys.stderr)

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 MANAGED_KEYS: frozenset[str] = frozenset({
     "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress",
-    "brokerIP1", "brokerIP2", "listenHost", "listenPort", "haListenPort", "adminListenPort", "adminToken",
-    "adminTokenFile", "storePathRootDir", "storePathCommitLog",
+    "brokerIP1", "brokerIP2", "listenHost", "listenPort", "haListenPort", "fastListenPort", "adminListenPort",
+    "adminToken", "adminTokenFile", "storePathRootDir", "storePathCommitLog",
 })
 
 

@@ -266,6 +266,7 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
             {"name": "remoting", "containerPort": p.listen, "protocol": "TCP"},
             {"name": "ha", "containerPort": p.ha, "protocol": "TCP"},
             {"name": "admin", "containerPort": p.admin, "protocol": "TCP"},
+            {"name": "vip", "containerPort": p.vip, "protocol": "TCP"},
         ],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 2,
                            "failureThreshold": 2, "timeoutSeconds": 2},
@@ -369,7 +370,8 @@ def broker_headless_service(spec: GroupSpec) -> Obj:
             "selector": selector(spec, "broker"),
             "ports": [{"name": "remoting", "port": p.listen, "targetPort": "remoting", "protocol": "TCP"},
                       {"name": "ha", "port": p.ha, "targetPort": "ha", "protocol": "TCP"},
-                      {"name": "admin", "port": p.admin, "targetPort": "admin", "protocol": "TCP"}],
+                      {"name": "admin", "port": p.admin, "targetPort": "admin", "protocol": "TCP"},
+                      {"name": "vip", "port": p.vip, "targetPort": "vip", "protocol": "TCP"}],
         },
     }
 

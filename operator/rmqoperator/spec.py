@@ -61,6 +61,11 @@ class Ports:
     admin: int = 10916
     name_server: int = 9876
 
+    @property
+    def vip(self) -> int:
+        """RocketMQ's VIP channel, where the broker listens too (Java clients up to 4.4 send there)."""
+        return self.listen - 2
+
 
 @dataclass(frozen=True)
 class NameServerSpec:
@@ -274,9 +279,11 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append("spec.scheduling.topologyKey must not be empty")
     if not quantity_bytes(spec.storage_size):
         out.append(f"spec.storage.size {spec.storage_size!r} is not a storage quantity (e.g. 10Gi)")
-    ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin]
+    ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin, spec.ports.vip]
     if len(set(ports)) != len(ports):
-        out.append("spec.ports: listen, ha and admin must differ")
+        out.append("spec.ports: listen, ha, admin and the VIP channel (listen - 2) must differ")
+    if spec.ports.vip < 1:
+        out.append("spec.ports.listen must be above 2 (the VIP channel is listen - 2)")
     name_server = _name_server_problems(spec)
     out.extend(name_server)
     reserved = managed_keys_in(spec.broker_config)

@@ -273,6 +273,7 @@ def test_network_policies(render: Render) -> None:
             allowed.setdefault(port["port"], []).extend(rule["from"])
     assert allowed[10912] == [group_pods], "HA port: only the group's own pods"
     assert allowed[10911] == [group_pods, *default_clients], "remoting: the group and its clients"
+    assert allowed[10909] == allowed[10911], "the VIP channel (remoting - 2) as remoting"
     (operator_peer,) = allowed[10916]
     assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
     assert operator_peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "rmq-operator",

@@ -95,6 +95,10 @@ def test_requests_are_refused_with_rocketmqs_remarks(secured: tuple[Namesrv, Bro
     code, remark = call(RequestCode.PULL_MESSAGE, pull, PRODUCER)
     assert code == ResponseCode.SYSTEM_ERROR and remark == f"No default permission for topic={TOPIC}"
     assert denied(broker, before) == 3
+    # The VIP channel is guarded alike.
+    resp = rpc(f"127.0.0.1:{broker.fast_port}", RequestCode.UPDATE_AND_CREATE_TOPIC, create)
+    assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, "No accessKey is configured")
+    assert denied(broker, before) == 4
     assert call(RequestCode.PULL_MESSAGE, pull, CONSUMER)[0] in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)
     assert call(RequestCode.UPDATE_AND_CREATE_TOPIC, create, ADMIN)[0] == ResponseCode.SUCCESS
 

@@ -110,7 +110,8 @@ def test_broker_statefulset_pod_template() -> None:
     assert env["RMQ_BROKER_BROKER_IP1"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["POD_ORDINAL"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"remoting": 10911, "ha": 10912, "admin": 10916}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"remoting": 10911, "ha": 10912, "admin": 10916,
+                                                                          "vip": 10909}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -150,7 +151,7 @@ def test_services_and_secret() -> None:
     spec = spec_of()
     svc = builders.broker_headless_service(spec)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert {p["name"] for p in svc["spec"]["ports"]} == {"remoting", "ha", "admin"}
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"remoting", "ha", "admin", "vip"}
     secret = builders.admin_secret(spec, "s3cret")
     assert base64.b64decode(secret["data"]["token"]) == b"s3cret"
 
@@ -190,6 +191,8 @@ def test_config_hash_tracks_what_needs_a_restart() -> None:
     ({"brokerConfig": {"defaultTopicQueueNums": "many"}}, "defaultTopicQueueNums"),
     ({"brokerConfig": {"mappedFileSizeConsumeQueue": "7"}}, "multiple of 20"),
     ({"ports": {"listen": 10911, "ha": 10911}}, "must differ"),
+    ({"ports": {"listen": 10911, "admin": 10909}}, "must differ"),
+    ({"ports": {"listen": 2}}, "above 2"),
 ])
 def test_semantic_problems_are_found(fields: dict[str, Any], message: str) -> None:
     found = problems(spec_of(**fields))

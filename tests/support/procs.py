@@ -149,8 +149,9 @@ class BrokerProc(Proc):
 
     def __init__(self, workdir: Path, namesrv: str | None, name: str = "broker-a", broker_id: int = 0,
                  role: str = "ASYNC_MASTER", token: str = "test-token", **conf: Any) -> None:
-        base = free_port_block(2)
-        self.port = base
+        base = free_port_block(4)  # VIP channel, (unused), listen, HA: listenPort - 2 is the VIP default
+        self.port = base + 2
+        self.fast_port = base
         self.admin_port = free_port()
         self.token = token
         self.store_dir = workdir / f"store-{name}-{broker_id}"
@@ -162,8 +163,9 @@ class BrokerProc(Proc):
             "flushDiskType": "ASYNC_FLUSH",
             "brokerIP1": "127.0.0.1",
             "listenHost": "127.0.0.1",
-            "listenPort": base,
-            "haListenPort": base + 1,
+            "listenPort": base + 2,
+            "haListenPort": base + 3,
+            "fastListenPort": base,
             "adminListenPort": self.admin_port,
             "adminToken": token,
             "storePathRootDir": str(self.store_dir),

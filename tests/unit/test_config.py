@@ -76,6 +76,14 @@ def test_defaults_without_any_source() -> None:
     assert (s.listenPort, s.brokerRole, s.flushDiskType, s.namesrvAddr) == (10911, "ASYNC_MASTER", "ASYNC_FLUSH", "")
 
 
+def test_the_vip_channel_is_listen_port_minus_two_unless_moved_or_off() -> None:
+    assert build_settings(CONF, env={}).fast_port == 10998
+    assert build_settings(CONF + "fastListenPort=12000\n", env={}).fast_port == 12000
+    assert build_settings(CONF + "fastListenPort=0\n", env={}).fast_port == 0
+    with pytest.raises(ConfigError, match=r"^fastListenPort: "):
+        build_settings("listenPort=2\n", env={})
+
+
 def test_an_invalid_env_value_is_fatal_even_if_the_cli_does_not_set_it() -> None:
     with pytest.raises(ConfigError, match=r"^listenPort: "):
         build_settings(CONF, env={"RMQ_BROKER_LISTEN_PORT": "ten"})
@@ -92,6 +100,9 @@ def test_cli_overrides_an_invalid_conf_value() -> None:
     ("listenPort", "ten"),
     ("listenPort", "70000"),
     ("haListenPort", "-1"),
+    ("fastListenPort", "-2"),
+    ("fastListenPort", "65536"),
+    ("fastListenPort", "11001"),  # the HA port (listenPort + 1)
     ("autoCreateTopicEnable", "yes"),
     ("brokerRole", "MASTER"),
     ("flushDiskType", "FAST"),
