@@ -9,10 +9,13 @@ admin-only request codes. Stock clients sign with their session credentials
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from rmqbroker.metadata.data_version import DataVersion
+from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.metadata.topics import RETRY_GROUP_TOPIC_PREFIX, TRACE_TOPIC
 from rmqbroker.remoting import wire
@@ -37,15 +42,21 @@ SUB = 8
 _PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
 # Request codes only an admin account may send (Permission.ADMIN_CODE; 25 is UPDATE_BROKER_CONFIG).
 # DELETE_EXPIRED_COMMITLOG, CLEAN_EXPIRED_CONSUMEQUEUE and CLEAN_UNUSED_TOPIC delete data, and
-# INVOKE_BROKER_TO_RESET_OFFSET and CLONE_GROUP_OFFSET set a group's offsets, so they are admin-only
-# here although 4.9 lets any account send them.
+# INVOKE_BROKER_TO_RESET_OFFSET and CLONE_GROUP_OFFSET set a group's offsets, and 50, 51, 53 and 54
+# change or show the ACL itself, so they are admin-only here although 4.9 lets any account send them.
 ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, 25, RequestCode.DELETE_TOPIC_IN_BROKER,
                          RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                          RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                          RequestCode.CLONE_GROUP_OFFSET, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
-                         RequestCode.CLEAN_UNUSED_TOPIC})
+                         RequestCode.CLEAN_UNUSED_TOPIC, RequestCode.UPDATE_AND_CREATE_ACL_CONFIG,
+                         RequestCode.DELETE_ACL_CONFIG, RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG,
+                         RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG})
 _UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY})
 MIN_KEY_LENGTH = 6
+# plain_acl.yml keys (RocketMQ's file format).
+ACCOUNTS = "accounts"
+GLOBAL_WHITE = "globalWhiteRemoteAddresses"
+DATA_VERSION = "dataVersion"
 _ANY_OCTET = range(256)
 
 
@@ -162,15 +173,14 @@ class PlainAcl:
 
     @classmethod
     def load(cls, path: Path) -> PlainAcl:
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise AclConfigError(f"{path}: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise AclConfigError(f"{path}: expected a mapping with accounts and globalWhiteRemoteAddresses")
-        white = [AddressMatcher(str(p)) for p in doc.get("globalWhiteRemoteAddresses") or []]
+        return cls.from_document(read_document(path), path)
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any], path: Path) -> PlainAcl:
+        """The rules of a parsed plain_acl.yml (``path`` names it in errors)."""
+        white = [AddressMatcher(str(p)) for p in doc.get(GLOBAL_WHITE) or []]
         accounts: dict[str, Account] = {}
-        for i, raw in enumerate(doc.get("accounts") or []):
+        for i, raw in enumerate(doc.get(ACCOUNTS) or []):
             what = f"{path}: accounts[{i}]"
             if not isinstance(raw, dict):
                 raise AclConfigError(f"{what}: expected a mapping")
@@ -266,6 +276,61 @@ def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
     return out
 
 
+def read_document(path: Path) -> dict[str, Any]:
+    """The parsed plain_acl.yml (an empty file is an empty document)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise AclConfigError(f"{path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise AclConfigError(f"{path}: expected a mapping with accounts and globalWhiteRemoteAddresses")
+    return doc
+
+
+def document_version(doc: Mapping[str, Any]) -> DataVersion:
+    """The file's ``dataVersion`` (RocketMQ keeps it in the file as a one-element list)."""
+    raw = doc.get(DATA_VERSION)
+    if isinstance(raw, list) and raw:
+        raw = raw[0]
+    try:
+        return DataVersion.from_json_obj(raw)
+    except MetadataFormatError:
+        return DataVersion(timestamp=0)
+
+
+def write_document(path: Path, doc: dict[str, Any]) -> PlainAcl:
+    """Check ``doc``, stamp a new ``dataVersion`` and replace the file with it (a crash leaves the
+    old or the new file, with the old file's mode, 0600 for a new one); blocking. The new rules."""
+    version = document_version(doc)
+    version.next_version()
+    doc[DATA_VERSION] = [{"counter": version.counter, "timestamp": version.timestamp}]
+    rules = PlainAcl.from_document(doc, path)
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    target = path.resolve()
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        mode = target.stat().st_mode & 0o777 if target.exists() else 0o600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.write(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        hint = (" (the file is mounted read-only: change it where it comes from, e.g. the Kubernetes Secret "
+                "of spec.acl.secretName)") if exc.errno == errno.EROFS else ""
+        raise AclConfigError(f"cannot write {path}: {exc.strerror or exc}{hint}") from exc
+    return rules
+
+
 class AclFileWatcher:
     """Reloads the ACL file when it changes (RocketMQ watches plain_acl.yml too; a Kubernetes Secret
     update reaches the mounted file on its own). A file that no longer loads is logged and counted,
@@ -301,6 +366,13 @@ class AclFileWatcher:
         self.acl.replace(fresh)
         self.stats.acl_reloads += 1
         log.info("ACL file %s reloaded: %d account(s)", self.path, len(fresh.accounts))
+
+    def wrote(self, fresh: PlainAcl) -> None:
+        """On the loop, after an admin request rewrote the file: its rules are in force now (the next
+        check of the file finds nothing new)."""
+        self._seen = self._fingerprint()
+        self.acl.replace(fresh)
+        log.info("ACL file %s rewritten by an admin request: %d account(s)", self.path, len(fresh.accounts))
 
 
 def guard(server: RemotingServer, acl: PlainAcl, stats: BrokerStats) -> None:

@@ -252,12 +252,54 @@ async def clean_unused_topic(admin: Admin, args: argparse.Namespace) -> str:
     return await _each_broker(admin, args, RequestCode.CLEAN_UNUSED_TOPIC)
 
 
-async def _each_broker(admin: Admin, args: argparse.Namespace, code: int) -> str:
-    """Send ``code`` without a header to each broker ``-b``/``-c`` names; its remark per broker."""
+async def _each_broker(admin: Admin, args: argparse.Namespace, code: int, ext: dict[str, str] | None = None) -> str:
+    """Send ``code`` (with ``ext`` as its header) to each broker ``-b``/``-c`` names; its remark per broker."""
     out = []
     for addr in await _broker_addrs(admin, args):
-        resp = await admin.call(addr, code)
+        resp = await admin.call(addr, code, ext)
         out.append(f"{addr}: {resp.remark or 'success'}")
+    return "\n".join(out)
+
+
+async def update_acl_config(admin: Admin, args: argparse.Namespace) -> str:
+    ext = {wire.ACL_ACCESS_KEY: args.account, wire.ACL_ADMIN: "true" if args.admin else "false"}
+    for name, value in ((wire.ACL_SECRET_KEY, args.account_secret), (wire.WHITE_REMOTE_ADDRESS, args.white), (wire.DEFAULT_TOPIC_PERM, args.default_topic_perm),
+                        (wire.DEFAULT_GROUP_PERM, args.default_group_perm), (wire.TOPIC_PERMS, args.topic_perms),
+                        (wire.GROUP_PERMS, args.group_perms)):
+        if value is not None:
+            ext[name] = value
+    return await _each_broker(admin, args, RequestCode.UPDATE_AND_CREATE_ACL_CONFIG, ext)
+
+
+async def delete_access_config(admin: Admin, args: argparse.Namespace) -> str:
+    return await _each_broker(admin, args, RequestCode.DELETE_ACL_CONFIG, {wire.ACL_ACCESS_KEY: args.account})
+
+
+async def update_global_white_addr(admin: Admin, args: argparse.Namespace) -> str:
+    return await _each_broker(admin, args, RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG,
+                              {wire.GLOBAL_WHITE_ADDRS: args.addresses})
+
+
+async def cluster_acl_config_version(admin: Admin, args: argparse.Namespace) -> str:
+    out = [f"{'#Cluster Name':<20}  {'#Broker Name':<16}  {'#Broker Addr':<22}  {'#AclConfigVersionNum':<20}  "
+           "#AclLastUpdateTime"]
+    for addr in await _broker_addrs(admin, args):
+        ext = (await admin.call(addr, RequestCode.GET_BROKER_CLUSTER_ACL_INFO)).ext_fields
+        version = fastjson_loads(ext.get(wire.VERSION) or "{}")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(version.get("timestamp", 0)) / 1000))
+        out.append(f"{ext.get(wire.CLUSTER_NAME, ''):<20}  {ext.get(wire.BROKER_NAME, ''):<16}  {addr:<22}  "
+                   f"{version.get('counter', 0)!s:<20}  {stamp}")
+    return "\n".join(out)
+
+
+async def get_acl_config(admin: Admin, args: argparse.Namespace) -> str:
+    out = []
+    for addr in await _broker_addrs(admin, args):
+        body = fastjson_loads(bytes((await admin.call(addr, RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG)).body) or b"{}")
+        out.append(f"============{addr}============")
+        out.append(f"globalWhiteAddrs: {', '.join(body.get('globalWhiteAddrs') or []) or '-'}")
+        for account in body.get("plainAccessConfigs") or []:
+            out.append(json.dumps(account, sort_keys=True))
     return "\n".join(out)
 
 
@@ -551,6 +593,11 @@ COMMANDS = {
     "cloneGroupOffset": (clone_group_offset, "a consumer group starts where another one is on a topic"),
     "resetOffsetByTime": (reset_offset_by_time, "move a consumer group's offsets on a topic to a point in time "
                           "(online consumers follow at once)"),
+    "updateAclConfig": (update_acl_config, "create a plain ACL account, or change the fields given"),
+    "deleteAccessConfig": (delete_access_config, "delete a plain ACL account"),
+    "updateGlobalWhiteAddr": (update_global_white_addr, "replace the addresses that need no signature"),
+    "clusterAclConfigVersion": (cluster_acl_config_version, "the version of each broker's ACL file"),
+    "getAclConfig": (get_acl_config, "each broker's ACL accounts (secret keys masked) and white-list"),
 }
 
 
@@ -568,7 +615,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
     for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup"), "every master of this cluster"),
                         (("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic", "brokerStatus",
-                          "getBrokerConfig"),
+                          "getBrokerConfig", "updateAclConfig", "deleteAccessConfig", "updateGlobalWhiteAddr",
+                          "clusterAclConfigVersion", "getAclConfig"),
                          "every broker (masters and slaves) of this cluster")):
         for name in names:
             target = parsers[name].add_mutually_exclusive_group(required=True)
@@ -623,6 +671,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="now, -1 (the queues' end), milliseconds, or yyyy-MM-dd#HH:mm:ss:SSS")
     r.add_argument("-f", "--force", type=_bool, default=True, help="also move offsets forward (default true)")
     parsers["queryMsgByUniqueKey"].add_argument("-i", "--msgId", dest="msg_id", required=True)
+    # mqadmin's options; --accessKey/--secretKey stay the credentials the request is signed with.
+    for name in ("updateAclConfig", "deleteAccessConfig"):
+        parsers[name].add_argument("-a", dest="account", required=True, help="the account's accessKey")
+    a = parsers["updateAclConfig"]
+    a.add_argument("-s", dest="account_secret", default=None, help="its secretKey (needed for a new account)")
+    a.add_argument("-w", "--whiteRemoteAddress", dest="white", default=None)
+    a.add_argument("-i", "--defaultTopicPerm", dest="default_topic_perm", default=None, help="DENY, PUB, SUB, PUB|SUB")
+    a.add_argument("-u", "--defaultGroupPerm", dest="default_group_perm", default=None)
+    a.add_argument("-t", "--topicPerms", dest="topic_perms", default=None, help="topicA=DENY,topicB=PUB|SUB")
+    a.add_argument("-g", "--groupPerms", dest="group_perms", default=None, help="groupA=SUB")
+    a.add_argument("-m", "--admin", type=_bool, default=False)
+    parsers["updateGlobalWhiteAddr"].add_argument("-g", "--globalWhiteRemoteAddresses", dest="addresses",
+                                                  required=True, help="comma-separated, e.g. 10.10.*.*,192.168.0.1")
     return p.parse_args(argv)
 
 

@@ -22,6 +22,7 @@ from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
 from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
 from rmqbroker.outer_api import BrokerOuterApi
+from rmqbroker.processors.acl_admin import AclAdminProcessor
 from rmqbroker.processors.admin import AdminProcessor
 from rmqbroker.processors.client_manage import ClientManageProcessor, make_notifier
 from rmqbroker.processors.clients import ClientManager
@@ -111,17 +112,20 @@ class Broker:
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx)):
             proc.register(self.server)
+        acl: PlainAcl | None = None
+        self.acl_watcher: AclFileWatcher | None = None
         if settings.aclEnable:
             try:
                 acl = PlainAcl.load(settings.acl_path)
             except AclConfigError as exc:
                 raise ConfigError(f"aclEnable: {exc}") from exc
-            guard(self.server, acl, self.ctx.stats)
-            self.acl_watcher: AclFileWatcher | None = AclFileWatcher(acl, settings.acl_path, self.ctx.stats)
+            self.acl_watcher = AclFileWatcher(acl, settings.acl_path, self.ctx.stats)
+        AclAdminProcessor(settings.acl_path, self.acl_watcher, cluster=settings.brokerClusterName,
+                          broker_name=settings.brokerName, broker_addr=settings.broker_addr).register(self.server)
+        if acl is not None:
+            guard(self.server, acl, self.ctx.stats)  # every handler is registered by now
             log.info("plain ACL on: %d account(s), %d global white-list entr(ies) from %s",
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
-        else:
-            self.acl_watcher = None
         self.fast_server = self._fast_server(self.server, settings)
         self.topics.add_change_listener(self._topic_changed)
         self.outer = BrokerOuterApi(credentials=(settings.aclAccessKey, settings.aclSecretKey)

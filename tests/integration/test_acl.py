@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rmqbroker.acl import sign
 from rmqbroker.admin_cli import main as rmq_admin
@@ -159,3 +160,83 @@ def test_a_changed_acl_file_is_put_in_force_and_a_broken_one_is_not(cluster: Clu
     poll(lambda: metric_delta(before, broker.metrics(), "rmq_acl_reload_failures_total") == 1, 10,
          what="the broken file noticed")
     assert create_as_producer() == ResponseCode.SUCCESS  # the last good rules stay
+
+
+def test_mqadmin_acl_commands_change_the_rules_at_once(secured: tuple[Namesrv, BrokerProc], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """updateAclConfig, deleteAccessConfig, updateGlobalWhiteAddr, clusterAclConfigVersion and
+    getAclConfig (codes 50-54): the file is rewritten in RocketMQ's format and the next request is
+    checked against it; only an admin account may change it; bad rules change nothing."""
+    ns, broker = secured
+    acl_file = tmp_path / "plain_acl.yml"
+    newbie = ("newproducer", "newbie-secret")
+    as_admin = ["-n", ns.addr, "-b", broker.addr, "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]
+
+    def send_as(creds: tuple[str, str] | None) -> tuple[int, str]:
+        ext = {"producerGroup": "PG_ACL", "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+               "queueId": "0", "sysFlag": "0", "bornTimestamp": "1", "flag": "0", "properties": ""}
+        if creds:
+            sign(ext, b"body", *creds)
+        resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, ext, b"body")
+        return resp.code, resp.remark or ""
+
+    assert send_as(newbie) == (ResponseCode.SYSTEM_ERROR, f"No acl config for {newbie[0]}")
+    assert rmq_admin(["updateAclConfig", *as_admin, "-a", newbie[0], "-s", newbie[1], "-t", f"{TOPIC}=PUB"]) == 0
+    assert send_as(newbie)[0] == ResponseCode.SUCCESS  # at once: no wait for the file watcher
+    sent = produce(ns.addr, [message(TOPIC, "stock")], credentials=newbie)
+    assert sent[0] is not None and sent[0]["status"] == 0
+    doc = yaml.safe_load(acl_file.read_text())
+    account = next(a for a in doc["accounts"] if a["accessKey"] == newbie[0])
+    assert account == {"accessKey": newbie[0], "secretKey": newbie[1], "admin": False, "topicPerms": [f"{TOPIC}=PUB"]}
+    assert doc["dataVersion"][0]["counter"] == 1 and len(doc["accounts"]) == 4
+    capsys.readouterr()
+
+    # Changing only some fields keeps the others; the version counts every change.
+    assert rmq_admin(["updateAclConfig", *as_admin, "-a", newbie[0], "-i", "SUB"]) == 0
+    account = next(a for a in yaml.safe_load(acl_file.read_text())["accounts"] if a["accessKey"] == newbie[0])
+    assert account["secretKey"] == newbie[1] and account["defaultTopicPerm"] == "SUB"
+    capsys.readouterr()
+    assert rmq_admin(["clusterAclConfigVersion", *as_admin]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:4] == ["DefaultCluster", "broker-acl", broker.addr, "2"]
+    assert rmq_admin(["getAclConfig", *as_admin]) == 0
+    shown = capsys.readouterr().out
+    assert newbie[0] in shown and newbie[1] not in shown and ADMIN[1] not in shown and "******" in shown
+
+    # Refused: a non-admin account, rules that do not parse, a new account without a secret.
+    before = acl_file.read_bytes()
+    as_producer = ["-n", ns.addr, "-b", broker.addr, "--accessKey", PRODUCER[0], "--secretKey", PRODUCER[1]]
+    assert rmq_admin(["updateAclConfig", *as_producer, "-a", "intruder", "-s", "intruder-secret", "-m", "true"]) == 1
+    assert "Need admin permission for request code=50" in capsys.readouterr().err
+    assert rmq_admin(["getAclConfig", *as_producer]) == 1
+    assert rmq_admin(["updateAclConfig", *as_admin, "-a", newbie[0], "-t", f"{TOPIC}=WRITE"]) == 1
+    assert "code 209" in capsys.readouterr().err
+    assert rmq_admin(["updateAclConfig", *as_admin, "-a", "nosecret1"]) == 1
+    assert "needs a secretKey" in capsys.readouterr().err
+    assert acl_file.read_bytes() == before
+    assert rmq_admin(["clusterAclConfigVersion", "-n", ns.addr, "-b", broker.addr, "--accessKey", PRODUCER[0],
+                      "--secretKey", PRODUCER[1]]) == 0  # the version is not secret
+
+    # The global white-list: unsigned requests from there pass.
+    assert send_as(None)[0] == ResponseCode.SYSTEM_ERROR
+    assert rmq_admin(["updateGlobalWhiteAddr", *as_admin, "-g", "10.1.1.*,127.0.0.1"]) == 0
+    assert send_as(None)[0] == ResponseCode.SUCCESS
+    assert yaml.safe_load(acl_file.read_text())["globalWhiteRemoteAddresses"] == ["10.1.1.*", "127.0.0.1"]
+    assert rmq_admin(["updateGlobalWhiteAddr", *as_admin, "-g", "10.1.1.*"]) == 0
+    assert send_as(None)[0] == ResponseCode.SYSTEM_ERROR
+
+    assert rmq_admin(["deleteAccessConfig", *as_admin, "-a", newbie[0]]) == 0
+    assert send_as(newbie) == (ResponseCode.SYSTEM_ERROR, f"No acl config for {newbie[0]}")
+    capsys.readouterr()
+    assert rmq_admin(["deleteAccessConfig", *as_admin, "-a", newbie[0]]) == 1
+    err = capsys.readouterr().err
+    assert "code 210" in err and f"Accesskey: {newbie[0]} not existed" in err
+
+
+def test_acl_admin_requests_on_a_broker_without_the_acl_say_so(cluster: Cluster) -> None:
+    broker = cluster.broker(None, name="broker-noacl")
+    for code in (RequestCode.UPDATE_AND_CREATE_ACL_CONFIG, RequestCode.GET_BROKER_CLUSTER_ACL_INFO):
+        resp = rpc(broker.addr, code, {"accessKey": "someone1", "secretKey": "secret-1"})
+        assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, "the plain ACL is off on this broker "
+                                                                       "(aclEnable=false)")
+    assert not (broker.store_dir / "config" / "plain_acl.yml").exists()

@@ -125,6 +125,18 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
+# --- plain ACL administration (CreateAccessConfigRequestHeader and the like; 50-54) ---
+ACL_ACCESS_KEY = "accessKey"
+ACL_SECRET_KEY = "secretKey"
+WHITE_REMOTE_ADDRESS = "whiteRemoteAddress"
+ACL_ADMIN = "admin"
+DEFAULT_TOPIC_PERM = "defaultTopicPerm"
+DEFAULT_GROUP_PERM = "defaultGroupPerm"
+TOPIC_PERMS = "topicPerms"
+GROUP_PERMS = "groupPerms"
+GLOBAL_WHITE_ADDRS = "globalWhiteAddrs"
+ALL_ACL_FILE_VERSION = "allAclFileVersion"
+
 # --- nameserver registration ---
 BROKER_NAME = "brokerName"
 BROKER_ADDR = "brokerAddr"

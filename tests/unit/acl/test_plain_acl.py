@@ -8,17 +8,22 @@ from pathlib import Path
 import pytest
 
 from rmqbroker.acl import (
+    ACCOUNTS,
     ANY,
     DENY,
+    GLOBAL_WHITE,
     PUB,
     SUB,
     AclConfigError,
     AddressMatcher,
     PlainAcl,
     check_permission,
+    document_version,
+    read_document,
     sign,
     signature,
     signed_content,
+    write_document,
 )
 from rmqbroker.remoting.codes import RequestCode
 from rmqbroker.remoting.frame import RemotingCommand
@@ -162,3 +167,35 @@ def test_unusable_acl_files_are_refused(tmp_path: Path, text: str, problem: str)
     path.write_text(text)
     with pytest.raises(AclConfigError, match=problem):
         PlainAcl.load(path)
+
+
+def test_write_document_keeps_the_format_and_mode_and_refuses_bad_rules(tmp_path: Path) -> None:
+    path = tmp_path / "plain_acl.yml"
+    path.write_text("globalWhiteRemoteAddresses: ['10.0.0.*']\naccounts:\n- accessKey: reader1\n"
+                    "  secretKey: reader-secret\n  defaultTopicPerm: SUB\n  custom: kept\n")
+    path.chmod(0o640)
+    doc = read_document(path)
+    assert document_version(doc).counter == 0
+    doc[ACCOUNTS].append({"accessKey": "writer1", "secretKey": "writer-secret", "topicPerms": ["T=PUB"]})
+    rules = write_document(path, doc)
+    assert set(rules.accounts) == {"reader1", "writer1"} and rules.accounts["writer1"].perms == {"T": 4}
+    again = read_document(path)
+    assert again[ACCOUNTS][0]["custom"] == "kept" and again[GLOBAL_WHITE] == ["10.0.0.*"]
+    assert again["dataVersion"][0]["counter"] == 1 and document_version(again).counter == 1
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert PlainAcl.load(path).accounts.keys() == rules.accounts.keys()
+
+    before = path.read_bytes()
+    again[ACCOUNTS][1]["topicPerms"] = ["T=WRITE"]
+    with pytest.raises(AclConfigError, match=r"expected DENY, PUB, SUB or PUB\|SUB"):
+        write_document(path, again)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["plain_acl.yml"]
+
+    fresh = tmp_path / "new" / "plain_acl.yml"
+    fresh.parent.mkdir()
+    write_document(fresh, {ACCOUNTS: [{"accessKey": "admin01", "secretKey": "admin-secret", "admin": True}]})
+    assert fresh.stat().st_mode & 0o777 == 0o600  # it holds secret keys
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    with pytest.raises(AclConfigError, match="cannot write"):
+        write_document(not_a_dir / "plain_acl.yml", read_document(fresh))
