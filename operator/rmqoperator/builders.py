@@ -151,6 +151,11 @@ def selector(spec: GroupSpec, component: str) -> dict[str, str]:
             GROUP_LABEL: spec.name}
 
 
+def selector_text(spec: GroupSpec, component: str) -> str:
+    """``selector`` as a label-selector string (the scale subresource's ``status.selector``)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector(spec, component).items()))
+
+
 def owner_reference(spec: GroupSpec) -> Obj:
     return {"apiVersion": API_VERSION, "kind": KIND, "name": spec.name, "uid": spec.uid,
             "controller": True, "blockOwnerDeletion": True}

@@ -459,6 +459,7 @@ class GroupController:
             status.update(self.state.to_status(spec))
             conds = conditions(spec, self.state, self.rows, health) + self.verifier.conditions()
             status.update(summary(self.rows, self.state.master_pod(spec)))
+            status["selector"] = builders.selector_text(spec, "broker")
             status["replicas"] = self.rows
             master_row = next((r for r in self.rows if r["pod"] == status.get("master")), None)
             if master_row and master_row.get("address"):

@@ -51,7 +51,15 @@ def test_crd_identity_and_printer_columns() -> None:
     assert spec["names"]["kind"] == "BrokerGroup" and spec["names"]["plural"] == "brokergroups"
     assert spec["names"]["shortNames"] == ["bg"]
     assert VERSION["name"] == "v1alpha1" and VERSION["served"] and VERSION["storage"]
-    assert VERSION["subresources"] == {"status": {}}
+    assert VERSION["subresources"]["status"] == {}
+    # kubectl scale: every path of the scale subresource names a field of the schema, of its type.
+    scale = VERSION["subresources"]["scale"]
+    for key, kind in (("specReplicasPath", "integer"), ("statusReplicasPath", "integer"),
+                      ("labelSelectorPath", "string")):
+        node = SCHEMA
+        for part in scale[key].lstrip(".").split("."):
+            node = node["properties"][part]
+        assert node["type"] == kind, key
     columns = [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority", 0) == 0]
     assert columns == ["Ready", "Master", "Replicas", "In-Sync", "Max Lag", "Age"]
 

@@ -84,6 +84,11 @@ def test_three_replicas_roles_ready_and_delete_cleans_up(harness: OperatorHarnes
     assert st["phase"] == "Running" and st["masterAddress"] == f"{runner.ip_of('broker-a-0')}:10911"
     assert {c["type"]: c["status"] for c in st["conditions"]} == {
         "Ready": "True", "Replicating": "True", "Degraded": "False", "FailingOver": "False"}
+    # The scale subresource's selector picks exactly the group's broker pods.
+    wanted = dict(term.split("=", 1) for term in st["selector"].split(","))
+    selected = [p["metadata"]["name"] for p in h.client.items("v1", "pods")
+                if wanted.items() <= (p["metadata"].get("labels") or {}).items()]
+    assert sorted(selected) == ["broker-a-0", "broker-a-1", "broker-a-2"] and st["readyReplicas"] == 3
 
     h.client.delete_group(NAME)
     wait_for(lambda: h.client.group(NAME) is None, 15, "BrokerGroup gone (finalizer released)")
