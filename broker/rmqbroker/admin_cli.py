@@ -263,7 +263,8 @@ async def _each_broker(admin: Admin, args: argparse.Namespace, code: int, ext: d
 
 async def update_acl_config(admin: Admin, args: argparse.Namespace) -> str:
     ext = {wire.ACL_ACCESS_KEY: args.account, wire.ACL_ADMIN: "true" if args.admin else "false"}
-    for name, value in ((wire.ACL_SECRET_KEY, args.account_secret), (wire.WHITE_REMOTE_ADDRESS, args.white), (wire.DEFAULT_TOPIC_PERM, args.default_topic_perm),
+    for name, value in ((wire.ACL_SECRET_KEY, args.account_secret), (wire.WHITE_REMOTE_ADDRESS, args.white),
+                        (wire.DEFAULT_TOPIC_PERM, args.default_topic_perm),
                         (wire.DEFAULT_GROUP_PERM, args.default_group_perm), (wire.TOPIC_PERMS, args.topic_perms),
                         (wire.GROUP_PERMS, args.group_perms)):
         if value is not None:
