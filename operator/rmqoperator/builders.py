@@ -71,6 +71,10 @@ COMPONENT_NAMES = {"broker": "rmq-broker", "namesrv": "rmq-namesrv", "verificati
 
 
 # ---------------------------------------------------------------- names
+# 360 x 5 s: how long a broker may take to recover its store before the kubelet restarts it.
+STARTUP_PROBE_FAILURES = 360
+
+
 def broker_sts_name(spec: GroupSpec) -> str:
     return spec.name
 
@@ -275,7 +279,12 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
         ],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 2,
                            "failureThreshold": 2, "timeoutSeconds": 2},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "initialDelaySeconds": 20,
+        # The admin endpoint comes up once the store has recovered, which after a crash can take
+        # minutes on a large volume (commitlog CRCs, consume queues, the index after a node crash):
+        # the startup probe gives it half an hour, so liveness never kills a recovery halfway.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 5,
+                         "failureThreshold": STARTUP_PROBE_FAILURES, "timeoutSeconds": 3},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "admin"},
                           "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 3},
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_DIR},

@@ -113,6 +113,11 @@ def test_broker_statefulset_pod_template() -> None:
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"remoting": 10911, "ha": 10912, "admin": 10916,
                                                                           "vip": 10909}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    # A long recovery is not killed: the startup probe allows 30 minutes before liveness applies.
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert "initialDelaySeconds" not in c["livenessProbe"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["conf"]["configMap"]["name"] == "broker-a-config"
