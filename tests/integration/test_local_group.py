@@ -30,8 +30,8 @@ def test_local_group_up_once(tmp_path: Path) -> None:
     for _attempt in range(3):
         # Ports probed free can be taken by another process before rmq-local binds them; it
         # refuses busy ports up front, so a fresh pick is a clean retry.
-        base = free_port_block(30)
-        namesrv_port = base + 29  # brokers use base + 10 * id + {0, 1, 5}
+        base = free_port_block(32) + 2  # the VIP channels sit 2 below each listen port
+        namesrv_port = base + 29  # brokers use base + 10 * id + {-2, 0, 1, 5}
         out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
                               "--data-dir", str(tmp_path / "data"), "--base-port", str(base),
                               "--namesrv-port", str(namesrv_port)],
@@ -125,7 +125,7 @@ def running_group(tmp_path: Path, manifest_text: str) -> Iterator[Group]:
     """`rmq-local up` in the background until the block ends (then killed if still running)."""
     manifest = tmp_path / "bg.yaml"
     manifest.write_text(manifest_text)
-    base = free_port_block(30)
+    base = free_port_block(32) + 2  # the VIP channels sit 2 below each listen port
     data_dir = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(manifest),
                              "--data-dir", str(data_dir), "--base-port", str(base),
