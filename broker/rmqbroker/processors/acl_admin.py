@@ -41,6 +41,10 @@ _TEXT_FIELDS = ((wire.ACL_SECRET_KEY, "secretKey"), (wire.WHITE_REMOTE_ADDRESS, 
 _LIST_FIELDS = ((wire.TOPIC_PERMS, "topicPerms"), (wire.GROUP_PERMS, "groupPerms"))
 
 
+def _is_account(entry: Any, access_key: str) -> bool:
+    return isinstance(entry, dict) and str(entry.get("accessKey")) == access_key
+
+
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -64,10 +68,11 @@ class AclAdminProcessor:
         server.register(RequestCode.GET_BROKER_CLUSTER_ACL_INFO, self.acl_version)
         server.register(RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG, self.acl_config)
 
-    async def _edit(self, cmd: RemotingCommand, failed: int,
-                    edit: Callable[[dict[str, Any]], str | None]) -> RemotingCommand:
+    async def _edit(self, conn: Connection, cmd: RemotingCommand, failed: int,
+                    edit: Callable[[dict[str, Any]], str | None], what: str) -> RemotingCommand:
         """Read the file, apply ``edit`` (which returns a refusal remark or None), write it back and
-        put its rules in force; any failure is answered ``failed`` with the reason."""
+        put its rules in force (logging ``what`` was done); any failure is answered ``failed`` with
+        the reason."""
         watcher = self.watcher
         if watcher is None:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, ACL_OFF_REMARK)
@@ -82,6 +87,7 @@ class AclAdminProcessor:
                 log.warning("ACL admin request %d refused: %s", cmd.code, exc)
                 return cmd.make_response(failed, str(exc))
             watcher.wrote(rules)
+        log.info("ACL: %s (request from %s)", what, conn.remote_addr)
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def update_access_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -94,8 +100,7 @@ class AclAdminProcessor:
             accounts = doc.get(ACCOUNTS)
             if not isinstance(accounts, list):
                 accounts = doc[ACCOUNTS] = []
-            account = next((a for a in accounts if isinstance(a, dict) and str(a.get("accessKey")) == access_key),
-                           None)
+            account = next((a for a in accounts if _is_account(a, access_key)), None)
             if account is None:
                 if not h.opt_str(wire.ACL_SECRET_KEY):
                     return f"a new account needs a secretKey: accessKey {access_key} does not exist"
@@ -112,10 +117,8 @@ class AclAdminProcessor:
                     account[key] = values
             return None
 
-        resp = await self._edit(cmd, ResponseCode.UPDATE_AND_CREATE_ACL_CONFIG_FAILED, edit)
-        if resp.code == ResponseCode.SUCCESS:
-            log.info("ACL account %s created or updated by %s", access_key, conn.remote_addr)
-        return resp
+        return await self._edit(conn, cmd, ResponseCode.UPDATE_AND_CREATE_ACL_CONFIG_FAILED, edit,
+                                f"account {access_key} created or updated")
 
     async def delete_access_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin deleteAccessConfig."""
@@ -123,16 +126,14 @@ class AclAdminProcessor:
 
         def edit(doc: dict[str, Any]) -> str | None:
             accounts = doc.get(ACCOUNTS)
-            kept = [a for a in accounts or [] if not (isinstance(a, dict) and str(a.get("accessKey")) == access_key)]
+            kept = [a for a in accounts or [] if not _is_account(a, access_key)]
             if not isinstance(accounts, list) or len(kept) == len(accounts):
                 return f"Accesskey: {access_key} not existed, Please check it again"
             doc[ACCOUNTS] = kept
             return None
 
-        resp = await self._edit(cmd, ResponseCode.DELETE_ACL_CONFIG_FAILED, edit)
-        if resp.code == ResponseCode.SUCCESS:
-            log.info("ACL account %s deleted by %s", access_key, conn.remote_addr)
-        return resp
+        return await self._edit(conn, cmd, ResponseCode.DELETE_ACL_CONFIG_FAILED, edit,
+                                f"account {access_key} deleted")
 
     async def update_global_white_addrs(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin updateGlobalWhiteAddr: replace the addresses that need no signature."""
@@ -142,10 +143,8 @@ class AclAdminProcessor:
             doc[GLOBAL_WHITE] = addrs
             return None
 
-        resp = await self._edit(cmd, ResponseCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG_FAILED, edit)
-        if resp.code == ResponseCode.SUCCESS:
-            log.info("ACL global white-list set to %s by %s", addrs, conn.remote_addr)
-        return resp
+        return await self._edit(conn, cmd, ResponseCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG_FAILED, edit,
+                                f"global white-list set to {addrs}")
 
     async def _document(self, cmd: RemotingCommand) -> dict[str, Any] | RemotingCommand:
         if self.watcher is None:
