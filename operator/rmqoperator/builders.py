@@ -257,6 +257,20 @@ def _scheduling(spec: GroupSpec, component: str) -> Obj:
     return out
 
 
+def _pod_metadata(spec: GroupSpec, component: str, annotations: dict[str, str] | None = None) -> Obj:
+    """A pod template's metadata: the user's labels and annotations, then the operator's (which win;
+    ``problems`` refuses user keys that would collide)."""
+    meta: Obj = {"labels": {**spec.pod_labels, **labels(spec, component)}}
+    merged = {**spec.pod_annotations, **(annotations or {})}
+    if merged:
+        meta["annotations"] = merged
+    return meta
+
+
+def _pull_secrets(spec: GroupSpec) -> Obj:
+    return {"imagePullSecrets": [{"name": n} for n in spec.image_pull_secrets]} if spec.image_pull_secrets else {}
+
+
 def _broker_pod_template(spec: GroupSpec) -> Obj:
     p = spec.ports
     container: Obj = {
@@ -311,7 +325,7 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
                                                                           "optional": True}}}
                              for env, key in ACL_ENV]
     return {
-        "metadata": {"labels": labels(spec, "broker"), "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)}},
+        "metadata": _pod_metadata(spec, "broker", {CONFIG_HASH_ANNOTATION: config_hash(spec)}),
         "spec": {
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 60,
@@ -319,6 +333,7 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
             "containers": [container],
             "volumes": volumes,
             **_scheduling(spec, "broker"),
+            **_pull_secrets(spec),
         },
     }
 
@@ -342,6 +357,11 @@ def config_hash(spec: GroupSpec) -> str:
         # Placement applies when a pod is scheduled: moving brokers means restarting them. The
         # default is left out so that groups from before scheduling existed keep their hash.
         material["scheduling"] = dataclasses.asdict(spec.scheduling)
+    # Pod metadata and pull secrets reach a broker pod only when it is created: likewise only when set.
+    for key, value in (("pullSecrets", list(spec.image_pull_secrets)), ("podLabels", spec.pod_labels),
+                       ("podAnnotations", spec.pod_annotations)):
+        if value:
+            material[key] = value
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -428,10 +448,10 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
             "updateStrategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": selector(spec, "namesrv")},
             "template": {
-                "metadata": {"labels": labels(spec, "namesrv")},
+                "metadata": _pod_metadata(spec, "namesrv"),
                 "spec": {"enableServiceLinks": False, "securityContext": _pod_security(),
                          "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}],
-                         **_scheduling(spec, "namesrv")},
+                         **_scheduling(spec, "namesrv"), **_pull_secrets(spec)},
             },
         },
     }
@@ -503,6 +523,7 @@ def verification_job(spec: GroupSpec, verification: VerificationSpec, name: str,
         "containers": [container],
         "volumes": [{"name": "admin-token", "secret": {"secretName": token_secret_name(spec), "defaultMode": 0o440}},
                     {"name": "tmp", "emptyDir": {}}],
+        **_pull_secrets(spec),
     }
     if verification.service_account:
         pod_spec["serviceAccountName"] = verification.service_account

@@ -119,6 +119,11 @@ class GroupSpec:
     # Secret holding plain_acl.yml (and optionally accessKey/secretKey for the slaves' sync): ACL on.
     acl_secret: str = ""
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    # Names of Secrets to pull the images with (every pod of the group: brokers, nameservers, jobs).
+    image_pull_secrets: tuple[str, ...] = ()
+    # Added to the broker and nameserver pods (e.g. for a scraper or a service mesh).
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    pod_labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def master_role(self) -> str:
@@ -138,6 +143,7 @@ class GroupSpec:
         if "scheduling" in obj:  # absent from specs applied by operators before it existed
             obj["scheduling"] = SchedulingSpec(**{**obj["scheduling"],
                                                   "tolerations": tuple(obj["scheduling"]["tolerations"])})
+        obj["image_pull_secrets"] = tuple(obj.get("image_pull_secrets", ()))
         return GroupSpec(**obj)
 
 
@@ -252,12 +258,59 @@ def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
         restart_at=str(annotations.get(RESTART_ANNOTATION, "")),
         acl_secret=_get(_obj(spec, "acl", "spec."), "secretName", str, "", "spec.acl.") or "",
         scheduling=_parse_scheduling(spec),
+        image_pull_secrets=_pull_secrets(spec),
+        pod_annotations=_string_map(spec, "podAnnotations"),
+        pod_labels=_string_map(spec, "podLabels"),
     )
+
+
+def _pull_secrets(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = spec.get("imagePullSecrets") or []
+    if not isinstance(raw, list) or not all(isinstance(r, Mapping) and isinstance(r.get("name"), str) for r in raw):
+        raise SpecError("spec.imagePullSecrets must be a list of {name: <Secret>}")
+    return tuple(str(r["name"]) for r in raw)
+
+
+def _string_map(spec: Mapping[str, Any], key: str) -> dict[str, str]:
+    raw = _obj(spec, key, "spec.")
+    if not all(isinstance(v, str) for v in raw.values()):
+        raise SpecError(f"spec.{key} values must be strings")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Label and annotation key prefixes the operator and the StatefulSet controller set on pods.
+RESERVED_PREFIXES = ("app.kubernetes.io/", "rmq.brokergroup.dev/", "apps.kubernetes.io/",
+                     "statefulset.kubernetes.io/", "controller-revision-hash")
+
+
+def _key_problem(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "its prefix is not a DNS subdomain"
+    if not name or not _LABEL_NAME.match(name):
+        return "its name is not 1-63 characters of [A-Za-z0-9-_.] beginning and ending alphanumerically"
+    if key.startswith(RESERVED_PREFIXES):
+        return "the operator sets it"
+    return None
+
+
+def _metadata_problems(spec: GroupSpec) -> list[str]:
+    out = []
+    for what, mapping in (("podLabels", spec.pod_labels), ("podAnnotations", spec.pod_annotations)):
+        for key, value in mapping.items():
+            why = _key_problem(key)
+            if why is None and what == "podLabels" and not _LABEL_NAME.match(value):
+                why = "its value is not a label value (at most 63 characters of [A-Za-z0-9-_.])"
+            if why is not None:
+                out.append(f"spec.{what}[{key!r}]: {why}")
+    return out
 
 
 def problems(spec: GroupSpec) -> list[str]:
     """What makes a well-formed spec unusable (the schema catches the rest on a real API server)."""
-    out: list[str] = []
+    out: list[str] = _metadata_problems(spec)
     if len(spec.name) > MAX_NAME_LENGTH:
         out.append(f"metadata.name must be at most {MAX_NAME_LENGTH} characters")
     if not BROKER_NAME_RE.match(spec.broker_name):

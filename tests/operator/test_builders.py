@@ -13,6 +13,7 @@ from rmqbroker.config import build_settings, env_name, parse_properties
 from rmqoperator import builders
 from rmqoperator.reconcile import complete_assignment
 from rmqoperator.spec import GroupSpec, SpecError, parse_spec, problems
+from rmqoperator.verification import VerificationSpec
 from tests.operator.conftest import example
 
 
@@ -198,6 +199,10 @@ def test_config_hash_tracks_what_needs_a_restart() -> None:
     ({"ports": {"listen": 10911, "ha": 10911}}, "must differ"),
     ({"ports": {"listen": 10911, "admin": 10909}}, "must differ"),
     ({"ports": {"listen": 2}}, "above 2"),
+    ({"podLabels": {"app.kubernetes.io/name": "x"}}, "spec.podLabels['app.kubernetes.io/name']: the operator sets it"),
+    ({"podAnnotations": {"rmq.brokergroup.dev/config-hash": "0"}}, "the operator sets it"),
+    ({"podLabels": {"team": "not a value"}}, "is not a label value"),
+    ({"podLabels": {"Bad_Prefix/x": "y"}}, "prefix is not a DNS subdomain"),
 ])
 def test_semantic_problems_are_found(fields: dict[str, Any], message: str) -> None:
     found = problems(spec_of(**fields))
@@ -248,6 +253,11 @@ FULL_SCHEDULING = {
 }
 
 
+POD_EXTRAS = {"imagePullSecrets": [{"name": "registry-creds"}],
+              "podAnnotations": {"prometheus.io/scrape": "true", "sidecar.istio.io/inject": "false"},
+              "podLabels": {"team": "payments", "example.com/tier": "mq"}}
+
+
 @pytest.mark.parametrize(("managed", "acl", "scheduling"), [(True, False, False), (False, False, False),
                                                           (True, True, True)])
 def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool, scheduling: bool) -> None:
@@ -257,7 +267,7 @@ def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool, 
     spec = spec_of(replicas=3, nameServer=ns, resources={"limits": {"memory": "2Gi", "cpu": 2}},
                    storage={"size": "5Gi", "storageClassName": "ssd"},
                    **({"acl": {"secretName": "rmq-acl"}} if acl else {}),
-                   **({"scheduling": FULL_SCHEDULING} if scheduling else {}))
+                   **({"scheduling": FULL_SCHEDULING, **POD_EXTRAS} if scheduling else {}))
     spec = dataclasses.replace(spec, uid="0f0f0f0f-aaaa-bbbb-cccc-000000000000")
     for obj in [*builders.children(spec, complete_assignment({}, 3), 3), builders.admin_secret(spec, "t")]:
         kv.validate(obj, kv.latest_version(), strict=True)
@@ -340,3 +350,33 @@ def test_scheduling_problems_are_found(scheduling: dict[str, Any], message: str)
 def test_malformed_scheduling_is_a_spec_error(scheduling: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         spec_of(scheduling=scheduling)
+
+
+def test_pull_secrets_pod_labels_and_annotations_reach_every_pod() -> None:
+    spec = spec_of(**POD_EXTRAS)
+    assert problems(spec) == []
+    sts = {"broker": builders.broker_statefulset(spec, 3), "namesrv": builders.namesrv_statefulset(spec)}
+    for component, obj in sts.items():
+        template = obj["spec"]["template"]
+        assert template["spec"]["imagePullSecrets"] == [{"name": "registry-creds"}], component
+        labels = template["metadata"]["labels"]
+        assert labels["team"] == "payments" and labels["example.com/tier"] == "mq"
+        assert labels.items() >= builders.selector(spec, component).items()  # the selector still matches
+        assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert builders.CONFIG_HASH_ANNOTATION in sts["broker"]["spec"]["template"]["metadata"]["annotations"]
+    job = builders.verification_job(spec, VerificationSpec(), "v-1", [0, 1])
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "registry-creds"}]
+    # Applying them restarts brokers; a group without them keeps the hash it had.
+    plain = spec_of()
+    assert builders.config_hash(spec) != builders.config_hash(plain)
+    assert builders.config_hash(plain) == builders.config_hash(dataclasses.replace(spec, image_pull_secrets=(),
+                                                                                   pod_labels={}, pod_annotations={}))
+    assert "imagePullSecrets" not in builders.namesrv_statefulset(plain)["spec"]["template"]["spec"]
+    assert GroupSpec.from_json(spec.to_json()) == spec
+
+
+def test_malformed_pod_extras_are_spec_errors() -> None:
+    for fields, message in (({"imagePullSecrets": ["registry-creds"]}, "list of {name"),
+                            ({"podLabels": {"team": 1}}, "values must be strings")):
+        with pytest.raises(SpecError, match=message):
+            spec_of(**fields)

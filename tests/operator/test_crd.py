@@ -164,6 +164,8 @@ def test_address_pattern_never_accepts_what_the_broker_refuses() -> None:
                 {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-9"]}]}]},
             "preferredDuringSchedulingIgnoredDuringExecution": [
                 {"weight": 100, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]}}},
+    {"imagePullSecrets": [{"name": "registry-creds"}], "podAnnotations": {"prometheus.io/scrape": "true"},
+     "podLabels": {"team": "payments"}},
 ])
 def test_valid_variants(spec: dict[str, Any]) -> None:
     VALIDATOR.validate(example(**spec))
@@ -205,6 +207,11 @@ def test_valid_variants(spec: dict[str, Any]) -> None:
     ({"scheduling": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "disk", "operator": "Like"}]}]}}}}, "operator"),
     ({"scheduling": {"priorityClassName": ""}}, "priorityClassName"),
+    ({"imagePullSecrets": [{}]}, "name"),
+    ({"imagePullSecrets": [{"name": ""}]}, "name"),
+    ({"podLabels": {"team": 1}}, "podLabels"),
+    ({"podLabels": {"team": "x" * 64}}, "podLabels"),
+    ({"podAnnotations": {"a": True}}, "podAnnotations"),
 ])
 def test_invalid_specs_are_rejected(spec: dict[str, Any], where: str) -> None:
     errors = list(VALIDATOR.iter_errors(example(**spec)))
