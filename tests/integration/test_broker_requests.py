@@ -28,6 +28,7 @@ from tests.support.procs import BrokerProc, Namesrv
 MAX_MESSAGE_SIZE = 64 * 1024
 TOPIC = "RequestsTopic"
 PROPS = "KEYS\x01req\x02WAIT\x01true\x02TAGS\x01TagX\x02"
+TX = "TRAN_MSG\x01true\x02PGROUP\x01PG_TX\x02"  # what a TransactionMQProducer adds to a half message
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 # Counters a refused request may move; each test says which one must and which must not.
@@ -221,6 +222,11 @@ REFUSED_SENDS: dict[str, tuple[int, Callable[[str], dict[str, str]], bytes, int]
                              ResponseCode.SYSTEM_ERROR),
     "born_timestamp_out_of_range_v2": (RequestCode.SEND_MESSAGE_V2, lambda t: v2(t, g=str(2**63)), b"body",
                                        ResponseCode.SYSTEM_ERROR),
+    # Transactions are not implemented: a half message is refused, not stored where nothing commits it.
+    "transaction_half_message": (RequestCode.SEND_MESSAGE, lambda t: v1(t, properties=PROPS + TX, sysFlag="4"),
+                                 b"body", ResponseCode.NO_PERMISSION),
+    "transaction_half_message_v2": (RequestCode.SEND_MESSAGE_V2, lambda t: v2(t, props=PROPS + TX, f="4"),
+                                    b"body", ResponseCode.NO_PERMISSION),
 }
 
 
@@ -396,3 +402,22 @@ def test_refused_retry_send_creates_no_subscription_group(broker: BrokerProc) ->
     groups = _groups(broker)
     assert accepted in groups
     assert refused not in groups
+
+
+def test_transactional_sends_are_refused_loudly(broker: BrokerProc) -> None:
+    """Without transactions, a half message must fail at the producer (RocketMQ's answer with
+    rejectTransactionMessage=true), and END_TRANSACTION is answered as unsupported."""
+    topic = _fresh("Tx")
+    create_topic(broker.addr, topic, queues=1)
+    resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(topic, properties=PROPS + TX, sysFlag="4"), body=b"half")
+    assert (resp.code, resp.remark) == (ResponseCode.NO_PERMISSION,
+                                        "the broker[127.0.0.1] sending transaction message is forbidden")
+    end = rpc(broker.addr, RequestCode.END_TRANSACTION, {"producerGroup": "PG_TX", "tranStateTableOffset": "0",
+                                                         "commitLogOffset": "0", "commitOrRollback": "8"})
+    assert end.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    # RocketMQ's exception: a delayed retry of a transactional message (pre-4.6.1 clients) is stored.
+    retry = v1(topic, properties=PROPS + TX + "DELAY\x011\x02", reconsumeTimes="1")
+    assert rpc(broker.addr, RequestCode.SEND_MESSAGE, retry, body=b"retry").code == ResponseCode.SUCCESS
+    plain = rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(topic, properties=PROPS + "TRAN_MSG\x01false\x02"),
+                body=b"not a half message")
+    assert plain.code == ResponseCode.SUCCESS

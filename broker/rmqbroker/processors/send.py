@@ -160,6 +160,14 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
     return _send_header_checked(normalize_send_v2(ext))
 
 
+def _parse_level(value: str | None) -> int:
+    """A DELAY property as a number (0 when absent or not a number)."""
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
 def _too_long(props: str) -> bool:
     """Whether the store would refuse ``props`` as longer than its UTF-8 properties limit."""
     n = len(props)
@@ -184,6 +192,10 @@ class SendMessageProcessor:
         self._sendable_names: set[str] = set()
         # Appended to a producer's properties string that can be stored as it is (see send).
         self._cluster_suffix = f"{rec.PROPERTY_SEPARATOR}{rec.CLUSTER}{rec.NAME_VALUE_SEPARATOR}{self._cluster}"
+        # Transactions are not implemented: a half message is refused as RocketMQ refuses it with
+        # rejectTransactionMessage=true. Storing it would lose it without a word, since nothing
+        # would ever commit it (END_TRANSACTION is answered REQUEST_CODE_NOT_SUPPORTED).
+        self._transaction_remark = f"the broker[{settings.host_ip}] sending transaction message is forbidden"
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.SEND_MESSAGE, self.send)
@@ -306,6 +318,11 @@ class SendMessageProcessor:
                 # Before the retry lookup, which may auto-create the subscription group: going to
                 # the DLQ only drops a property, so what passes here still passes then.
                 self._check_properties(topic, props_raw, props, props_string)
+                tran = props.get(rec.TRAN_MSG)
+                # (RocketMQ's exception: a retry of a pre-4.6.1 client's transactional message.)
+                if tran is not None and tran.lower() == "true" and not (
+                        reconsume_times > 0 and _parse_level(props.get(rec.DELAY)) > 0):
+                    raise SendRejected(ResponseCode.NO_PERMISSION, self._transaction_remark)
                 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     dlq = self._dlq_if_exhausted(topic, reconsume_times, max_reconsume_times, cmd.version, props)
                     props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
