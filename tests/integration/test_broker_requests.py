@@ -421,3 +421,52 @@ def test_transactional_sends_are_refused_loudly(broker: BrokerProc) -> None:
     plain = rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(topic, properties=PROPS + "TRAN_MSG\x01false\x02"),
                 body=b"not a half message")
     assert plain.code == ResponseCode.SUCCESS
+
+
+def test_sql92_subscriptions_are_refused_with_rocketmqs_remark(broker: BrokerProc) -> None:
+    """This broker filters by tag only. A Java consumer with an SQL92 selector is told so, as RocketMQ
+    without enablePropertyFilter tells it: at its start (CHECK_CLIENT_CONFIG) and on every pull,
+    instead of its expression being read as a tag that no message has."""
+    topic = _fresh("Sql")
+    create_topic(broker.addr, topic, queues=1)
+    assert rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(topic), body=b"m").code == ResponseCode.SUCCESS
+    remark = "The broker does not support consumer to filter message by SQL92"
+    sql = {"topic": topic, "subString": "a > 5", "expressionType": "SQL92", "subVersion": 1}
+
+    def check(body: dict[str, Any]) -> tuple[int, str | None]:
+        resp = rpc(broker.addr, RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+        return resp.code, resp.remark
+
+    assert check({"clientId": "c1", "group": "CG_SQL", "subscriptionData": sql}) == (ResponseCode.SYSTEM_ERROR, remark)
+    tag = {**sql, "subString": "TagX", "expressionType": "TAG"}
+    assert check({"clientId": "c1", "group": "CG_SQL", "subscriptionData": tag})[0] == ResponseCode.SUCCESS
+
+    pull = {"consumerGroup": "CG_SQL", "topic": topic, "queueId": "0", "queueOffset": "0", "maxMsgNums": "8",
+            "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "a > 5",
+            "subVersion": "1", "expressionType": "SQL92"}
+    resp = rpc(broker.addr, RequestCode.PULL_MESSAGE, pull)
+    assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+    resp = rpc(broker.addr, RequestCode.PULL_MESSAGE, {**pull, "subscription": "TagX", "expressionType": "TAG"})
+    assert resp.code == ResponseCode.SUCCESS  # the tag the message carries
+
+    async def registered_then_pulled() -> tuple[RemotingCommand, RemotingCommand]:
+        """A heartbeat's SQL92 subscription, then a pull that relies on it, on one connection."""
+        client = RemotingClient()
+        try:
+            heartbeat = {"clientID": "c-sql", "consumerDataSet": [{
+                "groupName": "CG_SQL", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [sql]}]}
+            beat = await client.invoke(broker.addr, RemotingCommand(RequestCode.HEART_BEAT,
+                                                                    body=json.dumps(heartbeat).encode()), 5)
+            assert beat.code == ResponseCode.SUCCESS
+            conns = await client.invoke(broker.addr, RemotingCommand(
+                RequestCode.GET_CONSUMER_CONNECTION_LIST, ext_fields={"consumerGroup": "CG_SQL"}), 5)
+            pulled = await client.invoke(broker.addr, RemotingCommand(
+                RequestCode.PULL_MESSAGE, ext_fields={**pull, "sysFlag": "0"}), 5)
+            return conns, pulled
+        finally:
+            await client.close()
+
+    conns, pulled = asyncio.run(registered_then_pulled())
+    assert (pulled.code, pulled.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+    assert '"expressionType":"SQL92"' in bytes(conns.body).decode()

@@ -19,6 +19,7 @@ from rmqbroker.processors.clients import (
     SubscriptionData,
     SubscriptionParseError,
     build_subscription,
+    unsupported_filter,
 )
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
@@ -36,7 +37,7 @@ def _connection_set(channels: Iterable[ClientChannel]) -> list[dict[str, Any]]:
 
 
 def _subscription_json(sd: SubscriptionData) -> dict[str, Any]:
-    return {"classFilterMode": False, "codeSet": sorted(sd.codes), "expressionType": "TAG",
+    return {"classFilterMode": False, "codeSet": sorted(sd.codes), "expressionType": sd.expression_type,
             "subString": sd.sub_string, "subVersion": sd.sub_version, "tagsSet": sorted(sd.tags), "topic": sd.topic}
 
 
@@ -84,7 +85,9 @@ def _subscriptions(cd: Any) -> list[SubscriptionData]:
             continue
         try:
             version = int(sd.get("subVersion") or 0)
-            subs.append(build_subscription(sd["topic"], sd.get("subString"), version))
+            expression_type = sd.get("expressionType")
+            subs.append(build_subscription(sd["topic"], sd.get("subString"), version,
+                                           expression_type if isinstance(expression_type, str) else None))
         except (SubscriptionParseError, ValueError, TypeError) as exc:
             raise BadRequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from exc
     return subs
@@ -118,6 +121,7 @@ class ClientManageProcessor:
         server.register(RequestCode.GET_PRODUCER_CONNECTION_LIST, self.producer_connections)
         server.register(RequestCode.LOCK_BATCH_MQ, self.lock_batch)
         server.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock_batch)
+        server.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
 
     async def heartbeat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         data = _json_object(cmd.body, "heartbeat")
@@ -140,6 +144,17 @@ class ClientManageProcessor:
                                           cd.get("consumeFromWhere"), subs)
         for group in producers:
             ctx.clients.register_producer(group, ClientChannel(client_id, conn, cmd.language, cmd.version, now))
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def check_client_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """What a Java consumer with a non-TAG subscription asks before it starts (CheckClientRequestBody):
+        refused as RocketMQ refuses it without enablePropertyFilter, so that its start fails with
+        the reason instead of the consumer waiting for messages that never match."""
+        sd = _json_object(cmd.body, "check client config").get("subscriptionData") if cmd.body else None
+        expression_type = sd.get("expressionType") if isinstance(sd, dict) else None
+        why = unsupported_filter(expression_type if isinstance(expression_type, str) else None)
+        if why is not None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, why)
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -17,6 +17,7 @@ from rmqbroker.store.record import java_string_hash
 log = logging.getLogger(__name__)
 
 SUB_ALL = "*"
+TAG_TYPE = "TAG"
 
 
 class SubscriptionParseError(ValueError):
@@ -30,6 +31,13 @@ class SubscriptionData:
     sub_version: int
     tags: frozenset[str]
     codes: frozenset[int]
+    # TAG, or a filter this broker cannot serve (SQL92): see ``unsupported``.
+    expression_type: str = TAG_TYPE
+
+    @property
+    def unsupported(self) -> str | None:
+        """Why this broker cannot serve the subscription, else None."""
+        return unsupported_filter(self.expression_type)
 
     @property
     def matches_all(self) -> bool:
@@ -42,8 +50,22 @@ class SubscriptionData:
         return not self.tags or (tag is not None and tag in self.tags)
 
 
-def build_subscription(topic: str, expression: str | None, sub_version: int = 0) -> SubscriptionData:
-    """Parse a TAG expression (``*``, ``TagA || TagB``); codes are computed here, never trusted."""
+def unsupported_filter(expression_type: str | None) -> str | None:
+    """Why a subscription of this type cannot be served (RocketMQ's remark without
+    ``enablePropertyFilter``), or None for tag filters."""
+    if expression_type is None or expression_type in ("", TAG_TYPE):
+        return None
+    return f"The broker does not support consumer to filter message by {expression_type}"
+
+
+def build_subscription(topic: str, expression: str | None, sub_version: int = 0,
+                       expression_type: str | None = None) -> SubscriptionData:
+    """Parse a TAG expression (``*``, ``TagA || TagB``); codes are computed here, never trusted.
+    Another filter type (SQL92) is kept as unsupported: its expression is not read as tags, which
+    would match no message and leave its consumer waiting without a word."""
+    if unsupported_filter(expression_type) is not None:
+        return SubscriptionData(topic, (expression or "").strip(), sub_version, frozenset(), frozenset(),
+                                str(expression_type))
     expr = (expression or "").strip()
     if not expr or expr == SUB_ALL:
         return SubscriptionData(topic, SUB_ALL, sub_version, frozenset(), frozenset())

@@ -101,7 +101,8 @@ class PullMessageProcessor:
         sub: SubscriptionData | None
         if sys_flag & FLAG_SUBSCRIPTION:
             try:
-                sub = build_subscription(topic, h.opt_str(wire.SUBSCRIPTION), h.opt_int(wire.SUB_VERSION, 0))
+                sub = build_subscription(topic, h.opt_str(wire.SUBSCRIPTION), h.opt_int(wire.SUB_VERSION, 0),
+                                         h.opt_str(wire.EXPRESSION_TYPE))
             except SubscriptionParseError as exc:
                 return cmd.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         else:
@@ -112,6 +113,8 @@ class PullMessageProcessor:
             if sub.sub_version < h.opt_int(wire.SUB_VERSION, 0):
                 return cmd.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST,
                                          "the consumer's subscription not latest")
+        if sub.unsupported is not None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, sub.unsupported)
 
         result = ctx.store.get_message(group, topic, queue_id, offset, max_msgs,
                                        None if sub.matches_all else sub.match_code)
