@@ -328,6 +328,8 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
         "metadata": _pod_metadata(spec, "broker", {CONFIG_HASH_ANNOTATION: config_hash(spec)}),
         "spec": {
             "enableServiceLinks": False,
+            # Brokers never call the Kubernetes API: no token in the pod to steal.
+            "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 60,
             "securityContext": _pod_security(),
             "containers": [container],
@@ -449,7 +451,8 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
             "selector": {"matchLabels": selector(spec, "namesrv")},
             "template": {
                 "metadata": _pod_metadata(spec, "namesrv"),
-                "spec": {"enableServiceLinks": False, "securityContext": _pod_security(),
+                "spec": {"enableServiceLinks": False, "automountServiceAccountToken": False,
+                         "securityContext": _pod_security(),
                          "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}],
                          **_scheduling(spec, "namesrv"), **_pull_secrets(spec)},
             },

@@ -119,6 +119,9 @@ def test_broker_statefulset_pod_template() -> None:
     assert startup["httpGet"] == c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
     assert "initialDelaySeconds" not in c["livenessProbe"]
+    # Least privilege: neither brokers nor nameservers get an API token.
+    assert pod["automountServiceAccountToken"] is False
+    assert builders.namesrv_statefulset(spec)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["conf"]["configMap"]["name"] == "broker-a-config"
