@@ -254,6 +254,15 @@ class IndexService:
         self.end_phy = max((f.end_phy for f in self.files if f.count > 1), default=-1)
         if rebuild_from is not None:
             self.end_phy = rebuild_from - 1
+        if self.end_phy >= commitlog_end:
+            # Entries for records the commitlog lost (an index page reached the disk before the
+            # records it points at): records written there from now on are indexed again, and
+            # lookups drop the stale entries, whose records do not hold the key.
+            log.warning("the index reaches commitlog offset %d, beyond the recovered end %d", self.end_phy,
+                        commitlog_end)
+            self.end_phy = commitlog_end - 1
+            if self._resume_phy >= commitlog_end:
+                self._resume_phy = -1
         return rebuild_from
 
     def _rebuild_start(self, first_dropped: IndexFile | None) -> int:

@@ -99,6 +99,16 @@ def test_rollover_restart_truncate_and_expiry(tmp_path: Path) -> None:
     assert len(list(d.iterdir())) == 2
     again.close()
 
+    # Entries beyond the recovered commitlog end (its tail lost with the machine): what is written
+    # there from now on is indexed again.
+    straddling = IndexService(d, slot_num=11, index_num=10)
+    straddling.load(200)
+    assert [f.begin_phy for f in straddling.files] == [180] and straddling.files[0].end_phy > 200
+    assert straddling.end_phy == 199
+    straddling.build(200, "T", T0 + 90, None, "rewritten")
+    assert 200 in straddling.query("T", "rewritten", 64, 0, T0 + 100)[0]
+    straddling.close()
+
     # A file that begins beyond the commitlog end (lost with an OS crash) is dropped at load.
     third = IndexService(d, slot_num=11, index_num=10)
     third.load(150)
