@@ -31,6 +31,7 @@ from rmqbroker.processors.offsets import OffsetProcessor
 from rmqbroker.processors.pull import PullMessageProcessor
 from rmqbroker.processors.query import QueryMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
+from rmqbroker.processors.transaction import TransactionService
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.remoting.codes import RequestCode
 from rmqbroker.remoting.server import RemotingServer
@@ -106,11 +107,15 @@ class Broker:
         self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
                                  self.clients, register_now=self.request_register)
         self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker")
-        self.send = SendMessageProcessor(self.ctx)
+        self.transactions = TransactionService(self.ctx, timeout_ms=settings.transactionTimeOut,
+                                               check_max=settings.transactionCheckMax)
+        self.send = SendMessageProcessor(
+            self.ctx, None if settings.rejectTransactionMessage else self.transactions)
         self.pull = PullMessageProcessor(self.ctx)
         self.cleaner = CleanService(self.store, retention_config(settings))
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
-                     AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx)):
+                     AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx),
+                     self.transactions):
             proc.register(self.server)
         acl: PlainAcl | None = None
         self.acl_watcher: AclFileWatcher | None = None
@@ -288,6 +293,9 @@ class Broker:
     async def _clean_files(self) -> None:
         await self.cleaner.run_once()
 
+    async def _check_transactions(self) -> None:
+        await self.transactions.check_round()
+
     async def _scan_clients(self) -> None:
         self.clients.scan_expired(self.settings.clientChannelExpiredMillis / 1000)
 
@@ -327,6 +335,7 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
+        sup.every("transaction-check", s.transactionCheckInterval / 1000, self._check_transactions)
         # The first round soon after start: a disk that is already full refuses sends at once.
         sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files,
                   initial_delay=min(1.0, s.cleanResourceInterval / 1000))

@@ -84,6 +84,11 @@ class BrokerSettings:
     longPollingEnable: bool = field(default=True, metadata=_key("longPollingEnable"))
     shortPollingTimeMills: int = field(default=1000, metadata=_key("shortPollingTimeMills"))
     slaveReadEnable: bool = field(default=False, metadata=_key("slaveReadEnable"))
+    # Transactional messages (processors/transaction.py), with RocketMQ's defaults.
+    rejectTransactionMessage: bool = field(default=False, metadata=_key("rejectTransactionMessage"))
+    transactionTimeOut: int = field(default=6000, metadata=_key("transactionTimeOut"))
+    transactionCheckMax: int = field(default=15, metadata=_key("transactionCheckMax"))
+    transactionCheckInterval: int = field(default=60000, metadata=_key("transactionCheckInterval"))
     registerNameServerPeriod: int = field(default=30000, metadata=_key("registerNameServerPeriod"))
     notifyConsumerIdsChangedEnable: bool = field(default=True, metadata=_key("notifyConsumerIdsChangedEnable"))
     clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
@@ -316,7 +321,8 @@ def _validate(s: BrokerSettings) -> None:
         raise ConfigError(f"fastListenPort: {s.fast_port} is already the remoting, HA or admin port")
     if s.fastListenPort < 0 and s.listenPort <= 2:
         raise ConfigError("fastListenPort: listenPort - 2 is no port; set fastListenPort (0 for none)")
-    for key in ("mappedFileSizeCommitLog", "maxMessageSize", "defaultTopicQueueNums"):
+    for key in ("mappedFileSizeCommitLog", "maxMessageSize", "defaultTopicQueueNums", "transactionTimeOut",
+                "transactionCheckInterval"):
         if getattr(s, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
     if s.mappedFileSizeConsumeQueue <= 0 or s.mappedFileSizeConsumeQueue % 20:

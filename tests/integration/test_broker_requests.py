@@ -39,7 +39,8 @@ COUNTERS = ("rmq_remoting_header_errors_total", "rmq_remoting_handler_errors_tot
 @pytest.fixture(scope="module")
 def env(module_cluster: Cluster) -> dict[str, Any]:
     ns = module_cluster.namesrv()
-    broker = module_cluster.broker(ns.addr, maxMessageSize=MAX_MESSAGE_SIZE)
+    # rejectTransactionMessage: a half message is one of the refused sends below.
+    broker = module_cluster.broker(ns.addr, maxMessageSize=MAX_MESSAGE_SIZE, rejectTransactionMessage="true")
     create_topic(broker.addr, TOPIC, queues=2)
     return {"ns": ns, "broker": broker}
 
@@ -222,7 +223,7 @@ REFUSED_SENDS: dict[str, tuple[int, Callable[[str], dict[str, str]], bytes, int]
                              ResponseCode.SYSTEM_ERROR),
     "born_timestamp_out_of_range_v2": (RequestCode.SEND_MESSAGE_V2, lambda t: v2(t, g=str(2**63)), b"body",
                                        ResponseCode.SYSTEM_ERROR),
-    # Transactions are not implemented: a half message is refused, not stored where nothing commits it.
+    # With rejectTransactionMessage=true a half message is refused (transactions: test_transactions.py).
     "transaction_half_message": (RequestCode.SEND_MESSAGE, lambda t: v1(t, properties=PROPS + TX, sysFlag="4"),
                                  b"body", ResponseCode.NO_PERMISSION),
     "transaction_half_message_v2": (RequestCode.SEND_MESSAGE_V2, lambda t: v2(t, props=PROPS + TX, f="4"),
@@ -404,9 +405,9 @@ def test_refused_retry_send_creates_no_subscription_group(broker: BrokerProc) ->
     assert refused not in groups
 
 
-def test_transactional_sends_are_refused_loudly(broker: BrokerProc) -> None:
-    """Without transactions, a half message must fail at the producer (RocketMQ's answer with
-    rejectTransactionMessage=true), and END_TRANSACTION is answered as unsupported."""
+def test_half_messages_refused_with_reject_transaction_message(broker: BrokerProc) -> None:
+    """With rejectTransactionMessage=true a half message fails at the producer with RocketMQ's
+    answer; other sends that merely mention TRAN_MSG are stored."""
     topic = _fresh("Tx")
     create_topic(broker.addr, topic, queues=1)
     resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, v1(topic, properties=PROPS + TX, sysFlag="4"), body=b"half")
@@ -414,7 +415,7 @@ def test_transactional_sends_are_refused_loudly(broker: BrokerProc) -> None:
                                         "the broker[127.0.0.1] sending transaction message is forbidden")
     end = rpc(broker.addr, RequestCode.END_TRANSACTION, {"producerGroup": "PG_TX", "tranStateTableOffset": "0",
                                                          "commitLogOffset": "0", "commitOrRollback": "8"})
-    assert end.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert (end.code, end.remark) == (ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
     # RocketMQ's exception: a delayed retry of a transactional message (pre-4.6.1 clients) is stored.
     retry = v1(topic, properties=PROPS + TX + "DELAY\x011\x02", reconsumeTimes="1")
     assert rpc(broker.addr, RequestCode.SEND_MESSAGE, retry, body=b"retry").code == ResponseCode.SUCCESS

@@ -167,6 +167,11 @@ class ClientManager:
             channel.conn.on_close(self.connection_closed)
         chans[channel.conn.id] = channel
 
+    def any_producer(self, group: str) -> ClientChannel | None:
+        """The producer of ``group`` heard from last (a transaction check goes to one of them)."""
+        chans = [c for c in self.producers.get(group, {}).values() if not c.conn.closed]
+        return max(chans, key=lambda c: c.last_update) if chans else None
+
     def unregister(self, conn: Connection, producer_group: str | None, consumer_group: str | None) -> None:
         if producer_group:
             chans = self.producers.get(producer_group)

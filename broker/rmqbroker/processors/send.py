@@ -25,6 +25,7 @@ from rmqbroker.metadata.topics import (
     validate_topic,
 )
 from rmqbroker.processors.context import BrokerContext
+from rmqbroker.processors.transaction import TransactionService, is_half
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import SERIALIZE_JSON, RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand, encode_json_response
@@ -160,14 +161,6 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
     return _send_header_checked(normalize_send_v2(ext))
 
 
-def _parse_level(value: str | None) -> int:
-    """A DELAY property as a number (0 when absent or not a number)."""
-    try:
-        return int(value) if value is not None else 0
-    except ValueError:
-        return 0
-
-
 def _too_long(props: str) -> bool:
     """Whether the store would refuse ``props`` as longer than its UTF-8 properties limit."""
     n = len(props)
@@ -179,7 +172,7 @@ def _too_long(props: str) -> bool:
 class SendMessageProcessor:
     """Stores messages sent by producers and failed messages sent back by consumers."""
 
-    def __init__(self, ctx: BrokerContext) -> None:
+    def __init__(self, ctx: BrokerContext, transactions: TransactionService | None = None) -> None:
         self.ctx = ctx
         settings = ctx.settings
         self._store_host = (settings.host_ip, settings.listenPort)
@@ -192,9 +185,9 @@ class SendMessageProcessor:
         self._sendable_names: set[str] = set()
         # Appended to a producer's properties string that can be stored as it is (see send).
         self._cluster_suffix = f"{rec.PROPERTY_SEPARATOR}{rec.CLUSTER}{rec.NAME_VALUE_SEPARATOR}{self._cluster}"
-        # Transactions are not implemented: a half message is refused as RocketMQ refuses it with
-        # rejectTransactionMessage=true. Storing it would lose it without a word, since nothing
-        # would ever commit it (END_TRANSACTION is answered REQUEST_CODE_NOT_SUPPORTED).
+        # Half messages go to the transaction service; without one (rejectTransactionMessage) they
+        # are refused, as RocketMQ refuses them.
+        self.transactions = transactions
         self._transaction_remark = f"the broker[{settings.host_ip}] sending transaction message is forbidden"
 
     def register(self, server: RemotingServer) -> None:
@@ -310,6 +303,7 @@ class SendMessageProcessor:
                 props_string = f"{body_str}{self._cluster_suffix}"
             body = bytes(cmd.body)
             dlq: str | None = None
+            half = False
             entries: list[rec.BatchEntry] | None = None
             if is_batch:
                 body, sys_flag, entries = self._decode_batch(topic, body, sys_flag, props_raw, props)
@@ -318,11 +312,10 @@ class SendMessageProcessor:
                 # Before the retry lookup, which may auto-create the subscription group: going to
                 # the DLQ only drops a property, so what passes here still passes then.
                 self._check_properties(topic, props_raw, props, props_string)
-                tran = props.get(rec.TRAN_MSG)
-                # (RocketMQ's exception: a retry of a pre-4.6.1 client's transactional message.)
-                if tran is not None and tran.lower() == "true" and not (
-                        reconsume_times > 0 and _parse_level(props.get(rec.DELAY)) > 0):
-                    raise SendRejected(ResponseCode.NO_PERMISSION, self._transaction_remark)
+                if rec.TRAN_MSG in props and is_half(props, reconsume_times):
+                    if self.transactions is None:
+                        raise SendRejected(ResponseCode.NO_PERMISSION, self._transaction_remark)
+                    half = True
                 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     dlq = self._dlq_if_exhausted(topic, reconsume_times, max_reconsume_times, cmd.version, props)
                     props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
@@ -335,6 +328,11 @@ class SendMessageProcessor:
                 topic, queue_id = dlq, 0
             if tc.topic_filter_type == "MULTI_TAG":
                 sys_flag |= MULTI_TAGS
+            answer_qid = queue_id  # a half message is answered with the queue it was sent to, as in RocketMQ
+            if half and self.transactions is not None:
+                topic, queue_id = self.transactions.to_half(topic, queue_id, props)
+                sys_flag &= ~rec.TRANSACTION_TYPE_MASK
+                props_string = None
             props[CLUSTER] = self._cluster
             born_host = (conn.remote_host, conn.remote_port)
             store = self.ctx.store
@@ -355,13 +353,13 @@ class SendMessageProcessor:
         if store.replication_callback is not None:
             # SYNC_MASTER with ASYNC_FLUSH: answered from the slave ack itself (no task per send,
             # no loop pass between the ack and the answer).
-            answer = _ReplicatedAnswer(self, cmd, result, queue_id)
+            answer = _ReplicatedAnswer(self, cmd, result, answer_qid)
             if store.replicate_then(result, wait, answer.replicated):
                 return answer
         pending = store.durability_wait(result, wait)
         if pending is None:
-            return self._response(cmd, result, queue_id, len(cmd.body))
-        return self._respond_after(pending, cmd, result, queue_id)
+            return self._response(cmd, result, answer_qid, len(cmd.body))
+        return self._respond_after(pending, cmd, result, answer_qid)
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> Answer:

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from collections.abc import Callable
 from typing import cast
 
 from rmqbroker.remoting.codes import FLAG_ONEWAY
@@ -91,6 +92,8 @@ class _ClientConnection(asyncio.Protocol):
                 fut = self.pending.pop(cmd.opaque, None)
                 if fut is not None and not fut.done():
                     fut.set_result(cmd)
+            elif self.owner.on_request is not None:
+                self.owner.on_request(self.addr, cmd)
         if pos:
             del buf[:pos]
 
@@ -108,8 +111,11 @@ class _ClientConnection(asyncio.Protocol):
 class RemotingClient:
     """Request/response client with per-address connection reuse."""
 
-    def __init__(self, connect_timeout: float = 3.0) -> None:
+    def __init__(self, connect_timeout: float = 3.0,
+                 on_request: Callable[[str, RemotingCommand], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
+        # Requests a server sends on our connections (e.g. CHECK_TRANSACTION_STATE), with its address.
+        self.on_request = on_request
         self._conns: dict[str, _ClientConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._opaque = itertools.count(1)

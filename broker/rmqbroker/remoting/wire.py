@@ -125,6 +125,14 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
+# --- transactions (EndTransactionRequestHeader, CheckTransactionStateRequestHeader) ---
+TRAN_STATE_TABLE_OFFSET = "tranStateTableOffset"
+COMMIT_LOG_OFFSET = "commitLogOffset"
+COMMIT_OR_ROLLBACK = "commitOrRollback"
+FROM_TRANSACTION_CHECK = "fromTransactionCheck"
+TRANSACTION_ID = "transactionId"
+OFFSET_MSG_ID = "offsetMsgId"
+
 # --- plain ACL administration (CreateAccessConfigRequestHeader and the like; 50-54) ---
 ACL_ACCESS_KEY = "accessKey"
 ACL_SECRET_KEY = "secretKey"

@@ -1,0 +1,309 @@
+"""Transactional messages, as RocketMQ 4.9 keeps them (TransactionalMessageService,
+EndTransactionProcessor and TransactionalMessageCheckService).
+
+* **Half message.** A send with ``TRAN_MSG=true`` is stored in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0,
+  its topic and queue kept in ``REAL_TOPIC``/``REAL_QID``: no consumer sees it yet. The answer
+  carries the half's queue offset and offset message id, which the producer hands back.
+* **END_TRANSACTION (37).** A commit stores the message again in its real topic (transaction type
+  COMMIT, ``preparedTransactionOffset`` = the half's commitlog offset), where consumers get it; a
+  rollback stores nothing. Either way an *op* message (body: the half's queue offset, tag ``d``)
+  goes to ``RMQ_SYS_TRANS_OP_HALF_TOPIC``: that half is settled. A half settled already is not
+  committed twice (RocketMQ would store a second copy).
+* **Check.** Every ``transactionCheckInterval`` the master walks the halves not settled by an op.
+  One older than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) is asked about:
+  CHECK_TRANSACTION_STATE (39) goes to a connected producer of its group, which answers with
+  END_TRANSACTION. After ``transactionCheckMax`` checks a half is given up (logged). How far the
+  walk has settled everything is kept as the consumer offset of ``CID_RMQ_SYS_TRANS`` on both
+  topics, so a restarted broker, or a promoted slave (which syncs consumer offsets), carries on.
+  Unlike RocketMQ, a checked half is not written again at the end of the half queue; its check
+  count is kept in memory, so a restart at most checks a half again.
+
+Everything here goes through the commitlog, so slaves replicate halves, ops and commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rmqbroker.processors.context import BrokerContext
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
+from rmqbroker.remoting.server import Connection, RemotingServer
+from rmqbroker.remoting.wire import Header
+from rmqbroker.store import record as rec
+from rmqbroker.store.errors import CorruptRecordError
+from rmqbroker.store.message_store import GetMessageStatus, MessageInner, PutMessageStatus
+from rmqbroker.store.record import MessageRecord, decode_record, encode_record, offset_msg_id
+
+log = logging.getLogger(__name__)
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+CHECK_GROUP = "CID_RMQ_SYS_TRANS"
+REMOVE_TAG = "d"
+CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+_READ_BATCH = 32
+_PERM_RW = 6
+
+
+def is_half(props: dict[str, str], reconsume_times: int) -> bool:
+    """Whether a send is a transactional half message (RocketMQ's test, with its exception for the
+    delayed retries of pre-4.6.1 clients)."""
+    tran = props.get(rec.TRAN_MSG)
+    if tran is None or tran.lower() != "true":
+        return False
+    try:
+        delayed = int(props.get(rec.DELAY) or 0) > 0
+    except ValueError:
+        delayed = False
+    return not (reconsume_times > 0 and delayed)
+
+
+class TransactionService:
+    """Half messages, their commit or rollback, and the check of those left open."""
+
+    def __init__(self, ctx: BrokerContext, *, timeout_ms: int, check_max: int) -> None:
+        self.ctx = ctx
+        self.timeout_ms = timeout_ms
+        self.check_max = check_max
+        # Half queue offset -> checks sent (this process's life).
+        self._checks: dict[int, int] = {}
+        # Half queue offsets settled by an op (from END_TRANSACTION here, or read by a check round).
+        self._settled_set: set[int] = set()
+        self.committed = 0
+        self.rolled_back = 0
+        self.checks_sent = 0
+        self.given_up = 0
+
+    def register(self, server: RemotingServer) -> None:
+        server.register(RequestCode.END_TRANSACTION, self.end_transaction)
+
+    # -- the half message ---------------------------------------------------------------------
+    def to_half(self, topic: str, queue_id: int, props: dict[str, str]) -> tuple[str, int]:
+        """Where a half message of ``topic``/``queue_id`` is stored (``props`` gains the real ones)."""
+        props[rec.REAL_TOPIC] = topic
+        props[rec.REAL_QID] = str(queue_id)
+        props.pop(rec.DELAY, None)  # a delay applies to the committed message, which has none
+        self._system_topic(HALF_TOPIC)
+        return HALF_TOPIC, 0
+
+    def _system_topic(self, name: str) -> None:
+        if self.ctx.topics.select(name) is None:
+            self.ctx.topics.create_retry_topic(name, 1, _PERM_RW, persist=False)
+
+    # -- END_TRANSACTION ----------------------------------------------------------------------
+    async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Commit or roll back a half message (mostly oneway: the answer then goes nowhere)."""
+        h = Header(cmd.ext_fields)
+        group = h.req_str(wire.PRODUCER_GROUP)
+        table_offset = h.req_int(wire.TRAN_STATE_TABLE_OFFSET)
+        phy = h.req_int(wire.COMMIT_LOG_OFFSET)
+        kind = h.req_int32(wire.COMMIT_OR_ROLLBACK)
+        from_check = h.opt_bool(wire.FROM_TRANSACTION_CHECK)
+        ctx = self.ctx
+        if ctx.is_slave:
+            return cmd.make_response(ResponseCode.SLAVE_NOT_AVAILABLE,
+                                     "Store in slave mode, not allowed end transaction")
+        if kind not in (rec.TRANSACTION_COMMIT_TYPE, rec.TRANSACTION_ROLLBACK_TYPE):
+            log.info("transaction of %s at commitlog offset %d left open (state %d, from check: %s)", group, phy,
+                     kind, from_check)
+            return None  # unknown: the check asks again later
+        half = self._half_at_phy(phy)
+        if half is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
+        if half.properties.get(rec.PGROUP) != group:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
+        if half.queue_offset != table_offset:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
+        if self._settled(half.queue_offset):
+            return cmd.make_response(ResponseCode.SUCCESS)  # a repeated end (e.g. a late check answer)
+        if kind == rec.TRANSACTION_COMMIT_TYPE:
+            status = self._commit(half)
+            if status is not PutMessageStatus.PUT_OK:
+                return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"storing the committed message failed: {status}")
+            self.committed += 1
+        else:
+            self.rolled_back += 1
+        status = self._settle(half)
+        if status is not PutMessageStatus.PUT_OK:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"storing the transaction's op failed: {status}")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    def _half_at_phy(self, phy: int) -> MessageRecord | None:
+        raw = self.ctx.store.look_message_by_offset(phy)
+        if raw is None:
+            return None
+        try:
+            half = decode_record(raw)
+        except CorruptRecordError:
+            return None
+        return half if half.topic == HALF_TOPIC and half.physical_offset == phy else None
+
+    def _commit(self, half: MessageRecord) -> PutMessageStatus:
+        props = dict(half.properties)
+        topic = props.pop(rec.REAL_TOPIC, "")
+        queue_id = int(props.pop(rec.REAL_QID, "0") or 0)
+        props.pop(rec.TRAN_MSG, None)
+        props.pop(rec.TRANSACTION_CHECK_TIMES, None)
+        msg = MessageInner(topic, queue_id, half.flag, half.body, props,
+                           (half.sys_flag & ~rec.TRANSACTION_TYPE_MASK) | rec.TRANSACTION_COMMIT_TYPE,
+                           half.born_timestamp, half.born_host, half.reconsume_times, None, None,
+                           half.physical_offset)
+        return self.ctx.store.append_message(msg).status
+
+    def _settle(self, half: MessageRecord) -> PutMessageStatus:
+        """Record that ``half`` is committed or rolled back (RocketMQ's op message)."""
+        self._system_topic(OP_TOPIC)
+        op = MessageInner(OP_TOPIC, 0, 0, str(half.queue_offset).encode("ascii"), {rec.TAGS: REMOVE_TAG},
+                          0, int(time.time() * 1000), self.ctx.store.config.store_host)
+        self._checks.pop(half.queue_offset, None)
+        status = self.ctx.store.append_message(op).status
+        if status is PutMessageStatus.PUT_OK:
+            self._settled_set.add(half.queue_offset)
+        return status
+
+    # -- reading the two queues ---------------------------------------------------------------
+    def _read(self, topic: str, start: int, end: int) -> list[MessageRecord]:
+        """The records of ``topic`` queue 0 from logical ``start`` up to ``end``."""
+        out: list[MessageRecord] = []
+        offset = start
+        store = self.ctx.store
+        while offset < end:
+            result = store.get_message(CHECK_GROUP, topic, 0, offset, min(_READ_BATCH, end - offset))
+            if result.status is not GetMessageStatus.FOUND or not result.buffers:
+                if result.next_begin_offset <= offset:
+                    break
+                offset = result.next_begin_offset  # e.g. a gap left by retention
+                continue
+            for buf in result.buffers:
+                try:
+                    out.append(decode_record(buf))
+                except CorruptRecordError:
+                    log.error("unreadable record in %s at queue offset %d", topic, offset)
+            offset = result.next_begin_offset
+        return out
+
+    def _settled(self, half_offset: int) -> bool:
+        return half_offset in self._settled_set
+
+    def _settled_offsets(self, low: int, high: int) -> set[int]:
+        """Half queue offsets in ``[low, high)`` that an op settled."""
+        store = self.ctx.store
+        op_start = max(self._committed_offset(OP_TOPIC), store.get_min_offset_in_queue(OP_TOPIC, 0))
+        out: set[int] = set()
+        for op in self._read(OP_TOPIC, op_start, store.get_max_offset_in_queue(OP_TOPIC, 0)):
+            try:
+                half_offset = int(op.body.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if low <= half_offset < high:
+                out.add(half_offset)
+        return out
+
+    def _committed_offset(self, topic: str) -> int:
+        offset = self.ctx.offsets.query(CHECK_GROUP, topic, 0)
+        return offset if offset is not None and offset >= 0 else 0
+
+    # -- the check ----------------------------------------------------------------------------
+    async def check_round(self, now_ms: int | None = None) -> int:
+        """One walk over the open halves (on the loop: reads are page-cache reads); checks sent.
+        Progress is persisted at once, so that a crash does not ask about settled halves again."""
+        ctx = self.ctx
+        if ctx.is_slave:
+            return 0
+        store = ctx.store
+        half_end = store.get_max_offset_in_queue(HALF_TOPIC, 0)
+        start = max(self._committed_offset(HALF_TOPIC), store.get_min_offset_in_queue(HALF_TOPIC, 0))
+        if start >= half_end:
+            return 0
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        settled = self._settled_offsets(start, half_end) | self._settled_set
+        first_open: int | None = None
+        sent = 0
+        for half in self._read(HALF_TOPIC, start, half_end):
+            offset = half.queue_offset
+            if offset in settled:
+                continue
+            immunity = self._immunity_ms(half)
+            if now - half.store_timestamp < immunity:
+                if first_open is None:
+                    first_open = offset
+                break  # the rest are younger still
+            checks = self._checks.get(offset, 0)
+            if checks >= self.check_max:
+                self.given_up += 1
+                self._checks.pop(offset, None)
+                log.warning("transaction of %s (half at queue offset %d, id %s) unresolved after %d checks: "
+                            "given up, its message is not delivered", half.properties.get(rec.PGROUP), offset,
+                            half.properties.get(rec.UNIQ_KEY), checks)
+                continue
+            if first_open is None:
+                first_open = offset
+            if self._ask(half):
+                self._checks[offset] = checks + 1
+                sent += 1
+        progress = half_end if first_open is None else first_open
+        self._settled_set = {o for o in settled if o >= progress}
+        if progress > start:
+            ctx.offsets.commit(CHECK_GROUP, HALF_TOPIC, 0, progress)
+            self._advance_ops(progress)
+            await ctx.offsets.persist_async()
+        return sent
+
+    def _immunity_ms(self, half: MessageRecord) -> int:
+        try:
+            seconds = int(half.properties.get(CHECK_IMMUNITY) or 0)
+        except ValueError:
+            seconds = 0
+        return seconds * 1000 if seconds > 0 else self.timeout_ms
+
+    def _advance_ops(self, half_progress: int) -> None:
+        """Move the op queue's offset over the ops of halves below ``half_progress``."""
+        store = self.ctx.store
+        start = max(self._committed_offset(OP_TOPIC), store.get_min_offset_in_queue(OP_TOPIC, 0))
+        end = store.get_max_offset_in_queue(OP_TOPIC, 0)
+        offset = start
+        for op in self._read(OP_TOPIC, start, end):
+            try:
+                if int(op.body.decode("ascii")) >= half_progress:
+                    break
+            except (UnicodeDecodeError, ValueError):
+                pass
+            offset = op.queue_offset + 1
+        if offset > start:
+            self.ctx.offsets.commit(CHECK_GROUP, OP_TOPIC, 0, offset)
+
+    def _ask(self, half: MessageRecord) -> bool:
+        """Send CHECK_TRANSACTION_STATE for ``half`` to one producer of its group; False if none is
+        connected (asked again next round)."""
+        group = half.properties.get(rec.PGROUP) or ""
+        channel = self.ctx.clients.any_producer(group)
+        if channel is None:
+            log.info("transaction check of %s (half at %d): no producer of the group is connected", group,
+                     half.queue_offset)
+            return False
+        props = dict(half.properties)
+        topic = props.pop(rec.REAL_TOPIC, half.topic)
+        queue_id = int(props.pop(rec.REAL_QID, "0") or 0)
+        props[rec.TRANSACTION_CHECK_TIMES] = str(self._checks.get(half.queue_offset, 0) + 1)
+        store_host = half.store_host
+        body = encode_record(
+            topic=topic, body=half.body, properties=props, queue_id=queue_id, flag=half.flag,
+            queue_offset=half.queue_offset, physical_offset=half.physical_offset, sys_flag=half.sys_flag,
+            born_timestamp=half.born_timestamp, born_host=half.born_host, store_timestamp=half.store_timestamp,
+            store_host=store_host, reconsume_times=half.reconsume_times,
+            prepared_transaction_offset=half.physical_offset)
+        uniq = half.properties.get(rec.UNIQ_KEY) or ""
+        ext: dict[str, Any] = {
+            wire.TRAN_STATE_TABLE_OFFSET: str(half.queue_offset),
+            wire.COMMIT_LOG_OFFSET: str(half.physical_offset),
+            wire.MSG_ID: uniq,
+            wire.TRANSACTION_ID: uniq,
+            wire.OFFSET_MSG_ID: offset_msg_id(store_host[0], store_host[1], half.physical_offset),
+        }
+        channel.conn.send_oneway(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, ext_fields=ext, body=body))
+        self.checks_sent += 1
+        return True
