@@ -208,3 +208,41 @@ def test_reject_transaction_message_refuses_half_messages(cluster: Cluster) -> N
     resp = asyncio.run(send())
     assert (resp.code, resp.remark) == (ResponseCode.NO_PERMISSION,
                                         "the broker[127.0.0.1] sending transaction message is forbidden")
+
+
+def test_a_promoted_slave_checks_the_halves_its_old_master_left_open(cluster: Cluster) -> None:
+    """The half and the check's progress reach the slave (commitlog, consumer offsets); after the
+    master is lost and the slave promoted, the producer is asked there and its commit is stored."""
+    master, slave = broker_with_slave(cluster, transactionTimeOut=1500, slaveSyncInitialDelay=100,
+                                      slaveSyncInterval=200)
+
+    async def before() -> tuple[int, int]:
+        p = TxProducer(master.addr, answer=None)  # connected, but never answers the old master
+        await p.heartbeat()
+        first = await p.half(b"settled on the old master", "TX-F")
+        assert (await p.end(*first, COMMIT)).code == ResponseCode.SUCCESS
+        open_half = await p.half(b"left open", "TX-G")
+        await p.client.close()
+        return open_half
+
+    asyncio.run(before())
+    wait_caught_up(master, [slave])
+    time.sleep(0.5)  # a metadata sync round: the half topic's config and the offsets
+    master.kill9()
+    code, body = slave.admin("/role", "POST", json.dumps({"role": "ASYNC_MASTER", "brokerId": 0,
+                                                          "epoch": 1}).encode())
+    assert code == 200, body
+
+    async def after() -> TxProducer:
+        p = TxProducer(slave.addr, answer=COMMIT)
+        await p.heartbeat()
+        for _ in range(100):
+            if len(await asyncio.to_thread(delivered, slave.addr)) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        await p.client.close()
+        return p
+
+    p = asyncio.run(after())
+    assert [r.body for r in delivered(slave.addr)] == [b"settled on the old master", b"left open"]
+    assert [decode_record(bytes(c.body)).body for c in p.checks] == [b"left open"]  # not the settled one
