@@ -229,6 +229,8 @@ def test_a_promoted_slave_checks_the_halves_its_old_master_left_open(cluster: Cl
     wait_caught_up(master, [slave])
     time.sleep(0.5)  # a metadata sync round: the half topic's config and the offsets
     master.kill9()
+    # As the operator does: promote once the slave has lost its master.
+    poll(lambda: not slave.status()["ha"]["connected"], 20, what="the slave noticed its master is gone")
     code, body = slave.admin("/role", "POST", json.dumps({"role": "ASYNC_MASTER", "brokerId": 0,
                                                           "epoch": 1}).encode())
     assert code == 200, body
