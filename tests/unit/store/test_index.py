@@ -233,29 +233,37 @@ async def test_store_answers_queries_by_key_and_unique_key(tmp_path: Path) -> No
         await store.shutdown()
 
 
+async def two_runs_then_old_checkpoint(cfg: StoreConfig, first: int, total: int, keys: str = ""
+                                        ) -> tuple[dict[str, bytes], int]:
+    """Store messages 0..first-1, shut down, store the rest up to ``total`` in a second run, then put
+    back the first run's checkpoint: the last one that reached the disk before the machine crashed.
+    The index files as the first run left them, and the index entries at the end."""
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(first):
+        store.append_message(msg("Orders", i % 2, f"order {i}".encode(), KEYS=f"order-{i}{keys}", UNIQ_KEY=f"ID{i}"))
+    await store.shutdown()
+    checkpoint = cfg.checkpoint_path.read_bytes()
+    before = {p.name: p.read_bytes() for p in cfg.index_dir.iterdir()}
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(first, total):
+        store.append_message(msg("Orders", i % 2, f"order {i}".encode(), KEYS=f"order-{i}{keys}", UNIQ_KEY=f"ID{i}"))
+    assert store.index is not None
+    indexed = sum(f.count - 1 for f in store.index.files)
+    await store.shutdown()
+    cfg.checkpoint_path.write_bytes(checkpoint)
+    return before, indexed
+
+
 async def test_a_machine_crash_rebuilds_the_index_pages_it_may_have_lost(tmp_path: Path) -> None:
     """The machine (not only the process) crashed: index pages written since the checkpoint may
     be lost, and a lost slot page cuts every chain through it. The store tells the two crashes
     apart by the boot id in the abort marker, and builds such files again from the commitlog."""
     cfg = small_index(tmp_path / "store")
-    store = MessageStore(cfg)
-    await store.start()
-    for i in range(60):
-        store.append_message(msg("Orders", i % 3, f"order {i}".encode(), KEYS=f"order-{i} all", UNIQ_KEY=f"ID{i}"))
-    await store.shutdown()
+    before, indexed = await two_runs_then_old_checkpoint(cfg, 60, 150, keys=" all")
     checkpoint = cfg.checkpoint_path.read_bytes()
-    before = {p.name: p.read_bytes() for p in cfg.index_dir.iterdir()}
-
-    store = MessageStore(cfg)
-    await store.start()
-    for i in range(60, 150):
-        store.append_message(msg("Orders", i % 3, f"order {i}".encode(), KEYS=f"order-{i} all", UNIQ_KEY=f"ID{i}"))
-    assert store.index is not None
-    indexed = sum(f.count - 1 for f in store.index.files)
-    await store.shutdown()
-    # The crash: the checkpoint of the first run is the last that reached the disk, and of the
-    # index files written since, the slot pages were lost (one file lost everything).
-    cfg.checkpoint_path.write_bytes(checkpoint)
+    # Of the index files written since that checkpoint, the slot pages were lost (one file lost everything).
     changed = sorted(p for p in cfg.index_dir.iterdir() if before.get(p.name) != p.read_bytes())
     assert len(changed) >= 3
     for n, path in enumerate(changed):
@@ -367,21 +375,7 @@ async def test_any_pages_lost_with_the_machine_are_built_again(tmp_path: Path, s
     rng = random.Random(seed)
     # Files of ~80 KiB: the slots fill pages 0-4 (page 0 with the header), the entries the rest.
     cfg = make_config(tmp_path / "store", max_hash_slot_num=5000, max_index_num=3000)
-    store = MessageStore(cfg)
-    await store.start()
-    for i in range(500):
-        store.append_message(msg("Orders", i % 2, f"order {i}".encode(), KEYS=f"order-{i}", UNIQ_KEY=f"ID{i}"))
-    await store.shutdown()
-    checkpoint = cfg.checkpoint_path.read_bytes()
-    before = {p.name: p.read_bytes() for p in cfg.index_dir.iterdir()}
-    store = MessageStore(cfg)
-    await store.start()
-    for i in range(500, 2500):
-        store.append_message(msg("Orders", i % 2, f"order {i}".encode(), KEYS=f"order-{i}", UNIQ_KEY=f"ID{i}"))
-    assert store.index is not None
-    indexed = sum(f.count - 1 for f in store.index.files)
-    await store.shutdown()
-    cfg.checkpoint_path.write_bytes(checkpoint)
+    before, indexed = await two_runs_then_old_checkpoint(cfg, 500, 2500)
     for path in sorted(cfg.index_dir.iterdir()):
         data = bytearray(path.read_bytes())
         if before.get(path.name) == bytes(data):
