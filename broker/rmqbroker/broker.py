@@ -201,11 +201,16 @@ class Broker:
 
     def _counters(self) -> dict[str, tuple[str, float]]:
         c = self.cleaner
+        tx = self.transactions
         return {
             "retention_commitlog_files_deleted": ("Commitlog segments deleted by retention",
                                                   c.commitlog_files_deleted),
             "retention_consume_queue_files_deleted": ("Consume-queue files deleted by retention",
                                                       c.consume_queue_files_deleted),
+            "transactions_committed": ("Transactional messages committed (END_TRANSACTION)", tx.committed),
+            "transactions_rolled_back": ("Transactional messages rolled back (END_TRANSACTION)", tx.rolled_back),
+            "transaction_checks": ("CHECK_TRANSACTION_STATE requests sent to producers", tx.checks_sent),
+            "transactions_given_up": ("Half messages given up after transactionCheckMax checks", tx.given_up),
         }
 
     def status(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.store.record import decode_offset_msg_id, decode_record, iter_records
 from tests.conftest import Cluster
 from tests.integration.helpers import create_topic, poll, rpc, wait_caught_up
-from tests.support.procs import BrokerProc
+from tests.support.procs import BrokerProc, metric_value
 
 TOPIC = "TxTopic"
 GROUP = "PG_TX"
@@ -153,6 +153,10 @@ def test_commit_rollback_and_a_check_back(cluster: Cluster) -> None:
         return resp.ext_fields.get("offset") if resp.code == ResponseCode.SUCCESS else None
 
     poll(lambda: progress() == "3", 10, what="the check's progress past the three halves")
+    metrics = master.metrics()
+    assert metric_value(metrics, "rmq_transactions_committed_total") == 2
+    assert metric_value(metrics, "rmq_transactions_rolled_back_total") == 1
+    assert metric_value(metrics, "rmq_transaction_checks_total") >= 1
 
 
 def test_a_half_never_answered_is_given_up_and_a_restart_keeps_the_outcome(cluster: Cluster) -> None:
@@ -171,6 +175,7 @@ def test_a_half_never_answered_is_given_up_and_a_restart_keeps_the_outcome(clust
 
     p = asyncio.run(scenario())
     assert len(p.checks) == 2 and "given up" in master.log_text()
+    assert metric_value(master.metrics(), "rmq_transactions_given_up_total") == 1
     assert delivered(master.addr) == []
     # A restarted master neither delivers it nor asks again.
     master.kill9()
