@@ -9,13 +9,11 @@ admin-only request codes. Stock clients sign with their session credentials
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import hashlib
 import hmac
 import ipaddress
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +22,8 @@ from typing import Any
 import yaml
 
 from rmqbroker.metadata.data_version import DataVersion
-from rmqbroker.metadata.errors import MetadataFormatError
-from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.errors import MetadataFormatError, MetadataPersistError
+from rmqbroker.metadata.jsonfile import atomic_write, fastjson_loads
 from rmqbroker.metadata.topics import RETRY_GROUP_TOPIC_PREFIX, TRACE_TOPIC
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -307,27 +305,15 @@ def write_document(path: Path, doc: dict[str, Any]) -> PlainAcl:
     rules = PlainAcl.from_document(doc, path)
     text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
     target = path.resolve()
-    tmp = target.with_name(f".{target.name}.tmp")
     try:
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o600
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            os.write(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        atomic_write(target, text, mode=mode, backup=False)
+    except (OSError, MetadataPersistError) as exc:
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
         hint = (" (the file is mounted read-only: change it where it comes from, e.g. the Kubernetes Secret "
-                "of spec.acl.secretName)") if exc.errno == errno.EROFS else ""
-        raise AclConfigError(f"cannot write {path}: {exc.strerror or exc}{hint}") from exc
+                "of spec.acl.secretName)") if isinstance(cause, OSError) and cause.errno == errno.EROFS else ""
+        raise AclConfigError(f"cannot write {path}: {cause.strerror if isinstance(cause, OSError) else exc}{hint}"
+                             ) from exc
     return rules
 
 

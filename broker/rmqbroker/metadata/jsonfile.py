@@ -166,8 +166,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_and_fsync(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _write_and_fsync(path: Path, data: bytes, mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:
@@ -197,10 +197,11 @@ def _rotate_backup(path: Path, bak: Path) -> None:
     os.replace(staging, bak)
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str, *, mode: int = 0o644, backup: bool = True) -> None:
     """Write ``text`` to ``path`` so a crash leaves either the old or the new content.
 
-    Steps: write and fsync ``<file>.tmp``; keep the current content as ``<file>.bak``; rename the
+    Steps: write and fsync ``<file>.tmp`` (created with ``mode``); keep the current content as
+    ``<file>.bak`` (unless ``backup`` is off: a file of secrets gets no second copy); rename the
     tmp file over ``<file>``; fsync the directory.  Raises :class:`MetadataPersistError`.
     """
     path = Path(path)
@@ -208,8 +209,9 @@ def atomic_write(path: Path, text: str) -> None:
     bak = path.with_name(path.name + BAK_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_and_fsync(tmp, text.encode("utf-8"))
-        _rotate_backup(path, bak)
+        _write_and_fsync(tmp, text.encode("utf-8"), mode)
+        if backup:
+            _rotate_backup(path, bak)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as exc:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
@@ -60,6 +59,24 @@ def is_half(props: dict[str, str], reconsume_times: int) -> bool:
     except ValueError:
         delayed = False
     return not (reconsume_times > 0 and delayed)
+
+
+def _real_target(props: dict[str, str], default_topic: str) -> tuple[str, int]:
+    """Take REAL_TOPIC/REAL_QID out of a half message's ``props``: where its message belongs."""
+    topic = props.pop(rec.REAL_TOPIC, default_topic)
+    try:
+        queue_id = int(props.pop(rec.REAL_QID, "0") or 0)
+    except ValueError:
+        queue_id = 0
+    return topic, queue_id
+
+
+def _op_half_offset(op: MessageRecord) -> int | None:
+    """The half queue offset an op message settles (None: not an op body)."""
+    try:
+        return int(op.body.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 class TransactionService:
@@ -118,7 +135,7 @@ class TransactionService:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if half.queue_offset != table_offset:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        if self._settled(half.queue_offset):
+        if half.queue_offset in self._settled_set:
             return cmd.make_response(ResponseCode.SUCCESS)  # a repeated end (e.g. a late check answer)
         if kind == rec.TRANSACTION_COMMIT_TYPE:
             status = self._commit(half)
@@ -144,8 +161,7 @@ class TransactionService:
 
     def _commit(self, half: MessageRecord) -> PutMessageStatus:
         props = dict(half.properties)
-        topic = props.pop(rec.REAL_TOPIC, "")
-        queue_id = int(props.pop(rec.REAL_QID, "0") or 0)
+        topic, queue_id = _real_target(props, "")
         props.pop(rec.TRAN_MSG, None)
         props.pop(rec.TRANSACTION_CHECK_TIMES, None)
         msg = MessageInner(topic, queue_id, half.flag, half.body, props,
@@ -186,26 +202,10 @@ class TransactionService:
             offset = result.next_begin_offset
         return out
 
-    def _settled(self, half_offset: int) -> bool:
-        return half_offset in self._settled_set
-
-    def _settled_offsets(self, low: int, high: int) -> set[int]:
-        """Half queue offsets in ``[low, high)`` that an op settled."""
-        store = self.ctx.store
-        op_start = max(self._committed_offset(OP_TOPIC), store.get_min_offset_in_queue(OP_TOPIC, 0))
-        out: set[int] = set()
-        for op in self._read(OP_TOPIC, op_start, store.get_max_offset_in_queue(OP_TOPIC, 0)):
-            try:
-                half_offset = int(op.body.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
-                continue
-            if low <= half_offset < high:
-                out.add(half_offset)
-        return out
-
-    def _committed_offset(self, topic: str) -> int:
-        offset = self.ctx.offsets.query(CHECK_GROUP, topic, 0)
-        return offset if offset is not None and offset >= 0 else 0
+    def _unsettled_from(self, topic: str) -> int:
+        """Where the check's walk of ``topic`` queue 0 starts: its committed progress, or the
+        oldest unit retention left."""
+        return max(self.ctx.offsets.query(CHECK_GROUP, topic, 0), self.ctx.store.get_min_offset_in_queue(topic, 0))
 
     # -- the check ----------------------------------------------------------------------------
     async def check_round(self, now_ms: int | None = None) -> int:
@@ -216,11 +216,14 @@ class TransactionService:
             return 0
         store = ctx.store
         half_end = store.get_max_offset_in_queue(HALF_TOPIC, 0)
-        start = max(self._committed_offset(HALF_TOPIC), store.get_min_offset_in_queue(HALF_TOPIC, 0))
+        start = self._unsettled_from(HALF_TOPIC)
         if start >= half_end:
             return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        settled = self._settled_offsets(start, half_end) | self._settled_set
+        op_start = self._unsettled_from(OP_TOPIC)
+        ops = [(op.queue_offset, _op_half_offset(op))
+               for op in self._read(OP_TOPIC, op_start, store.get_max_offset_in_queue(OP_TOPIC, 0))]
+        settled = {h for _, h in ops if h is not None and start <= h < half_end} | self._settled_set
         first_open: int | None = None
         sent = 0
         for half in self._read(HALF_TOPIC, start, half_end):
@@ -249,7 +252,14 @@ class TransactionService:
         self._settled_set = {o for o in settled if o >= progress}
         if progress > start:
             ctx.offsets.commit(CHECK_GROUP, HALF_TOPIC, 0, progress)
-            self._advance_ops(progress)
+            # The op queue's progress moves over the ops of halves below the new progress.
+            op_progress = op_start
+            for op_offset, half_offset in ops:
+                if half_offset is not None and half_offset >= progress:
+                    break
+                op_progress = op_offset + 1
+            if op_progress > op_start:
+                ctx.offsets.commit(CHECK_GROUP, OP_TOPIC, 0, op_progress)
             await ctx.offsets.persist_async()
         return sent
 
@@ -259,22 +269,6 @@ class TransactionService:
         except ValueError:
             seconds = 0
         return seconds * 1000 if seconds > 0 else self.timeout_ms
-
-    def _advance_ops(self, half_progress: int) -> None:
-        """Move the op queue's offset over the ops of halves below ``half_progress``."""
-        store = self.ctx.store
-        start = max(self._committed_offset(OP_TOPIC), store.get_min_offset_in_queue(OP_TOPIC, 0))
-        end = store.get_max_offset_in_queue(OP_TOPIC, 0)
-        offset = start
-        for op in self._read(OP_TOPIC, start, end):
-            try:
-                if int(op.body.decode("ascii")) >= half_progress:
-                    break
-            except (UnicodeDecodeError, ValueError):
-                pass
-            offset = op.queue_offset + 1
-        if offset > start:
-            self.ctx.offsets.commit(CHECK_GROUP, OP_TOPIC, 0, offset)
 
     def _ask(self, half: MessageRecord) -> bool:
         """Send CHECK_TRANSACTION_STATE for ``half`` to one producer of its group; False if none is
@@ -286,8 +280,7 @@ class TransactionService:
                      half.queue_offset)
             return False
         props = dict(half.properties)
-        topic = props.pop(rec.REAL_TOPIC, half.topic)
-        queue_id = int(props.pop(rec.REAL_QID, "0") or 0)
+        topic, queue_id = _real_target(props, half.topic)
         props[rec.TRANSACTION_CHECK_TIMES] = str(self._checks.get(half.queue_offset, 0) + 1)
         store_host = half.store_host
         body = encode_record(
@@ -297,7 +290,7 @@ class TransactionService:
             store_host=store_host, reconsume_times=half.reconsume_times,
             prepared_transaction_offset=half.physical_offset)
         uniq = half.properties.get(rec.UNIQ_KEY) or ""
-        ext: dict[str, Any] = {
+        ext = {
             wire.TRAN_STATE_TABLE_OFFSET: str(half.queue_offset),
             wire.COMMIT_LOG_OFFSET: str(half.physical_offset),
             wire.MSG_ID: uniq,
