@@ -89,6 +89,8 @@ class BrokerSettings:
     transactionTimeOut: int = field(default=6000, metadata=_key("transactionTimeOut"))
     transactionCheckMax: int = field(default=15, metadata=_key("transactionCheckMax"))
     transactionCheckInterval: int = field(default=60000, metadata=_key("transactionCheckInterval"))
+    # Request-reply (processors/reply.py): a reply pushed to its requester is stored in its topic too.
+    storeReplyMessageEnable: bool = field(default=True, metadata=_key("storeReplyMessageEnable"))
     registerNameServerPeriod: int = field(default=30000, metadata=_key("registerNameServerPeriod"))
     notifyConsumerIdsChangedEnable: bool = field(default=True, metadata=_key("notifyConsumerIdsChangedEnable"))
     clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
