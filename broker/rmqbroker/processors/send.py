@@ -161,6 +161,12 @@ def _send_header(cmd: RemotingCommand) -> _SendHeader:
     return _send_header_checked(normalize_send_v2(ext))
 
 
+def decode_send_header(ext: dict[str, str], v2: bool) -> _SendHeader:
+    """A send header by its V1 names or (``v2``) its V2 letters, through the validating path: what
+    another processor taking the send header (SEND_REPLY_MESSAGE) decodes it with."""
+    return _send_header_checked(normalize_send_v2(ext) if v2 else ext)
+
+
 def _too_long(props: str) -> bool:
     """Whether the store would refuse ``props`` as longer than its UTF-8 properties limit."""
     n = len(props)
@@ -273,6 +279,15 @@ class SendMessageProcessor:
         if too_long:
             raise SendRejected(_MESSAGE_ILLEGAL, f"the message properties of topic {topic} are longer than "
                                                  f"{MAX_PROPERTIES_LENGTH} bytes")
+
+    def check_single(self, topic: str, queue_id: int, default_topic: str, default_nums: int, body: bytes,
+                     props_raw: str, props: dict[str, str], remote: str) -> TopicConfig:
+        """The checks of a single message's send (SendRejected), then its topic's config (auto-created
+        if absent): what another processor storing a producer's message (SEND_REPLY_MESSAGE) shares."""
+        self._check_sendable(topic)
+        self._check_body(body)
+        self._check_properties(topic, props_raw, props, None)
+        return self._topic_config(topic, queue_id, default_topic, default_nums, remote)
 
     def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).

@@ -55,6 +55,11 @@ SEND_V2_TO_V1: dict[str, str] = {
     "n": BNAME,
 }
 
+# --- PUSH_REPLY_MESSAGE_TO_CLIENT (the send header's names, and these) ---
+BORN_HOST = "bornHost"
+STORE_HOST = "storeHost"
+STORE_TIMESTAMP = "storeTimestamp"
+
 # --- send response ---
 MSG_ID = "msgId"
 QUEUE_OFFSET = "queueOffset"
