@@ -30,6 +30,7 @@ from rmqbroker.processors.context import BrokerContext
 from rmqbroker.processors.offsets import OffsetProcessor
 from rmqbroker.processors.pull import PullMessageProcessor
 from rmqbroker.processors.query import QueryMessageProcessor
+from rmqbroker.processors.reply import ReplyMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
 from rmqbroker.processors.transaction import TransactionService
 from rmqbroker.remoting.client import split_addr
@@ -112,10 +113,11 @@ class Broker:
         self.send = SendMessageProcessor(
             self.ctx, None if settings.rejectTransactionMessage else self.transactions)
         self.pull = PullMessageProcessor(self.ctx)
+        self.reply = ReplyMessageProcessor(self.ctx, self.send)
         self.cleaner = CleanService(self.store, retention_config(settings))
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx),
-                     self.transactions):
+                     self.transactions, self.reply):
             proc.register(self.server)
         acl: PlainAcl | None = None
         self.acl_watcher: AclFileWatcher | None = None
@@ -211,6 +213,9 @@ class Broker:
             "transactions_rolled_back": ("Transactional messages rolled back (END_TRANSACTION)", tx.rolled_back),
             "transaction_checks": ("CHECK_TRANSACTION_STATE requests sent to producers", tx.checks_sent),
             "transactions_given_up": ("Half messages given up after transactionCheckMax checks", tx.given_up),
+            "reply_messages_pushed": ("Request-reply replies pushed to their requester", self.reply.pushed),
+            "reply_messages_not_pushed": ("Request-reply replies no requester took (not connected, refused, "
+                                          "no answer)", self.reply.not_pushed),
         }
 
     def status(self) -> dict[str, Any]:

@@ -122,6 +122,11 @@ def validate_topic(name: str | None) -> str | None:
     return None
 
 
+def reply_topic(cluster_name: str) -> str:
+    """The cluster's request-reply topic, built into every broker (RocketMQ's MixAll.getReplyTopic)."""
+    return cluster_name + REPLY_TOPIC_SUFFIX
+
+
 def is_system_topic(name: str) -> bool:
     return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIX)
 
@@ -272,8 +277,9 @@ class TopicConfigManager(VersionedTableFile[TopicConfig]):
         self.auto_create_topic_enable = auto_create_topic_enable
         self.default_topic_queue_nums = default_topic_queue_nums
         self._listeners: list[TopicChangeListener] = []
-        # The cluster/broker-name topics are reserved on this broker like the fixed system topics.
-        self._system_topics = set(SYSTEM_TOPICS) | {cluster_name, broker_name}
+        # The cluster/broker-name topics and the cluster's reply topic are reserved on this broker
+        # like the fixed system topics.
+        self._system_topics = set(SYSTEM_TOPICS) | {cluster_name, broker_name, reply_topic(cluster_name)}
         if trace_topic_enable:
             self._system_topics.add(trace_topic_name)
         self._add_builtin_topics(cluster_topic_enable, broker_topic_enable, trace_topic_enable, trace_topic_name)
@@ -295,7 +301,8 @@ class TopicConfigManager(VersionedTableFile[TopicConfig]):
         builtins.append(TopicConfig(SCHEDULE_TOPIC, SCHEDULE_TOPIC_QUEUE_NUMS, SCHEDULE_TOPIC_QUEUE_NUMS))
         if trace_enable:
             builtins.append(TopicConfig(trace_name, 1, 1))
-        builtins.append(TopicConfig(self.cluster_name + REPLY_TOPIC_SUFFIX, 1, 1))
+        # Where request-reply responders send (processors/reply.py).
+        builtins.append(TopicConfig(reply_topic(self.cluster_name), 1, 1))
         for tc in builtins:
             self._table[tc.topic_name] = tc
 

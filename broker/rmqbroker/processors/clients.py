@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,15 @@ class _Lock:
     last_update: float
 
 
+def _latest(client_id: str, channels: Iterable[ClientChannel]) -> ClientChannel | None:
+    """The open one of ``channels`` of ``client_id`` heard from last."""
+    found: ClientChannel | None = None
+    for ch in channels:
+        if ch.client_id == client_id and not ch.conn.closed and (found is None or ch.last_update > found.last_update):
+            found = ch
+    return found
+
+
 class ClientManager:
     """Consumer and producer groups, keyed by the connections their heartbeats arrive on."""
 
@@ -171,6 +180,15 @@ class ClientManager:
         """The producer of ``group`` heard from last (a transaction check goes to one of them)."""
         chans = [c for c in self.producers.get(group, {}).values() if not c.conn.closed]
         return max(chans, key=lambda c: c.last_update) if chans else None
+
+    def find_client(self, client_id: str) -> ClientChannel | None:
+        """The open connection of the client whose heartbeats carry ``client_id`` (the one heard from
+        last), where a reply to its request goes. Producers first, where RocketMQ looks (a Java client
+        heartbeats its internal producer group even when it only consumes), then consumers."""
+        found = _latest(client_id, (ch for chans in self.producers.values() for ch in chans.values()))
+        if found is None:
+            found = _latest(client_id, (ch for info in self.consumers.values() for ch in info.channels.values()))
+        return found
 
     def unregister(self, conn: Connection, producer_group: str | None, consumer_group: str | None) -> None:
         if producer_group:

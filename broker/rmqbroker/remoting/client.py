@@ -165,6 +165,13 @@ class RemotingClient:
         cmd.flag |= FLAG_ONEWAY
         conn.write(cmd)
 
+    def respond(self, addr: str, response: RemotingCommand) -> None:
+        """Answer a request the server at ``addr`` sent on our connection (see ``on_request``)."""
+        conn = self._conns.get(addr)
+        if conn is None or conn.closed:
+            raise RemotingConnectError(f"connection to {addr} is closed")
+        conn.write(response)
+
     def close_address(self, addr: str) -> None:
         conn = self._conns.pop(addr, None)
         if conn is not None:

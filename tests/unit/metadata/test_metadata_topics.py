@@ -183,6 +183,8 @@ def test_builtin_topics(config_dir: Path) -> None:
         assert (tc.read_queue_nums, tc.write_queue_nums, tc.perm) == (read, write, perm), name
     assert set(mgr.topic_names()) == set(expect)
     assert mgr.is_system_topic("DefaultCluster") and mgr.is_system_topic("broker-a")
+    # As RocketMQ's TopicValidator.addSystemTopic: not deletable like a user topic.
+    assert mgr.is_system_topic("DefaultCluster_REPLY_TOPIC")
     # Built-ins live in memory only until the first change.
     assert not (config_dir / "topics.json").exists()
     assert not mgr.dirty
