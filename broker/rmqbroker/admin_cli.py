@@ -17,6 +17,7 @@ from typing import Any
 from rmqbroker.acl import sign
 from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_keyed
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
+from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -428,6 +429,55 @@ async def add_write_perm(admin: Admin, args: argparse.Namespace) -> str:
     return await _write_perm(admin, args, RequestCode.ADD_WRITE_PERM_OF_BROKER, wire.ADD_TOPIC_COUNT, "add")
 
 
+async def _every_namesrv(admin: Admin, code: int, ext: dict[str, str]) -> None:
+    """A KV change goes to every nameserver (each keeps its own table), as mqadmin's; every one is
+    tried, and the failures are reported together."""
+    errors = []
+    for ns in admin.require_namesrvs():
+        try:
+            await admin.call(ns, code, ext)
+        except AdminError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise AdminError("; ".join(errors))
+
+
+async def _put_kv(admin: Admin, namespace: str, key: str, value: str) -> None:
+    await _every_namesrv(admin, RequestCode.PUT_KV_CONFIG, {wire.NAMESPACE: namespace, wire.KEY: key,
+                                                           wire.VALUE: value})
+
+
+async def _delete_kv(admin: Admin, namespace: str, key: str) -> None:
+    await _every_namesrv(admin, RequestCode.DELETE_KV_CONFIG, {wire.NAMESPACE: namespace, wire.KEY: key})
+
+
+async def update_kv_config(admin: Admin, args: argparse.Namespace) -> str:
+    await _put_kv(admin, args.namespace.strip(), args.key.strip(), args.value.strip())
+    return "create or update kv config to namespace success."
+
+
+async def delete_kv_config(admin: Admin, args: argparse.Namespace) -> str:
+    await _delete_kv(admin, args.namespace.strip(), args.key.strip())
+    return "delete kv config from namespace success."
+
+
+async def update_order_conf(admin: Admin, args: argparse.Namespace) -> str:
+    topic = args.topic.strip()
+    if args.method == "get":
+        # One nameserver answers, as mqadmin's; QUERY_NOT_FOUND fails the command with its remark.
+        resp = await admin.namesrv_call(RequestCode.GET_KV_CONFIG, {wire.NAMESPACE: ORDER_TOPIC_CONFIG,
+                                                                    wire.KEY: topic})
+        return f"get orderConf success. topic=[{topic}], orderConf=[{resp.ext_fields.get(wire.VALUE, '')}]"
+    if args.method == "put":
+        conf = (args.order_conf or "").strip()
+        if not conf:
+            raise AdminError("please set orderConf with option -v.")
+        await _put_kv(admin, ORDER_TOPIC_CONFIG, topic, conf)
+        return f"update orderConf success. topic=[{topic}], orderConf=[{conf}]"
+    await _delete_kv(admin, ORDER_TOPIC_CONFIG, topic)
+    return f"delete orderConf success. topic=[{topic}]"
+
+
 def _timestamp(text: str) -> int:
     """mqadmin's -s: ``now``, milliseconds, or ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time)."""
     if text == "now":
@@ -599,6 +649,10 @@ COMMANDS = {
     "updateGlobalWhiteAddr": (update_global_white_addr, "replace the addresses that need no signature"),
     "clusterAclConfigVersion": (cluster_acl_config_version, "the version of each broker's ACL file"),
     "getAclConfig": (get_acl_config, "each broker's ACL accounts (secret keys masked) and white-list"),
+    "updateKvConfig": (update_kv_config, "create or update a KV config entry on every nameserver"),
+    "deleteKvConfig": (delete_kv_config, "delete a KV config entry on every nameserver"),
+    "updateOrderConf": (update_order_conf, "put, get or delete a topic's order conf (KV namespace "
+                        "ORDER_TOPIC_CONFIG; routes carry it with the nameservers' orderMessageEnable)"),
 }
 
 
@@ -685,6 +739,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a.add_argument("-m", "--admin", type=_bool, default=False)
     parsers["updateGlobalWhiteAddr"].add_argument("-g", "--globalWhiteRemoteAddresses", dest="addresses",
                                                   required=True, help="comma-separated, e.g. 10.10.*.*,192.168.0.1")
+    for name in ("updateKvConfig", "deleteKvConfig"):
+        kv = parsers[name]
+        kv.add_argument("-s", "--namespace", required=True)
+        kv.add_argument("-k", "--key", required=True)
+    parsers["updateKvConfig"].add_argument("-v", "--value", required=True)
+    o = parsers["updateOrderConf"]
+    o.add_argument("-t", "--topic", required=True)
+    o.add_argument("-v", "--orderConf", dest="order_conf", default=None,
+                   help="brokerName1:num;brokerName2:num (for put)")
+    o.add_argument("-m", "--method", required=True, choices=("put", "get", "delete"))
     return p.parse_args(argv)
 
 

@@ -126,12 +126,17 @@ class Proc:
 
 class Namesrv(Proc):
     def __init__(self, workdir: Path, port: int | None = None, expiry: float = 120.0,
-                 scan_interval: float | None = None) -> None:
+                 scan_interval: float | None = None, kv_config_path: Path | None = None,
+                 order_message_enable: bool = False) -> None:
         self.port = port or free_port()
+        # The KV config under the test's directory, never the default ~/namesrv/kvConfig.json.
+        self.kv_config_path = kv_config_path or workdir / f"namesrv-{self.port}" / "kvConfig.json"
         args = [PY, "-m", "rmqbroker.namesrv.main", "--listen", f"127.0.0.1:{self.port}",
-                "--broker-expiry-seconds", str(expiry)]
+                "--broker-expiry-seconds", str(expiry), "--kv-config-path", str(self.kv_config_path)]
         if scan_interval is not None:
             args += ["--scan-interval-seconds", str(scan_interval)]
+        if order_message_enable:
+            args += ["--order-message-enable"]
         super().__init__(args, workdir / f"namesrv-{self.port}.log")
 
     @property

@@ -6,7 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
+from pathlib import Path
 
+from rmqbroker.metadata.errors import MetadataError
+from rmqbroker.namesrv.kvconfig import DEFAULT_PATH, KVConfigStore
 from rmqbroker.namesrv.processor import NamesrvProcessor
 from rmqbroker.namesrv.routeinfo import RouteInfoManager
 from rmqbroker.remoting.client import split_addr
@@ -17,13 +21,19 @@ log = logging.getLogger(__name__)
 
 
 class Namesrv:
-    """A nameserver: remoting server + route table + broker expiry scan."""
+    """A nameserver: remoting server + route table + KV config + broker expiry scan.
+
+    ``kv`` must be loaded already (:meth:`KVConfigStore.load`), so that a corrupt file stops the
+    process before it serves anything.
+    """
 
     def __init__(self, host: str, port: int, broker_expiry_seconds: float = 120.0,
-                 scan_interval_seconds: float = 10.0) -> None:
+                 scan_interval_seconds: float = 10.0, kv: KVConfigStore | None = None,
+                 order_message_enable: bool = False) -> None:
         self.routes = RouteInfoManager()
+        self.kv = kv if kv is not None else KVConfigStore(None)
         self.server = RemotingServer(host, port, name="namesrv")
-        NamesrvProcessor(self.routes).register(self.server)
+        NamesrvProcessor(self.routes, self.kv, order_message_enable).register(self.server)
         self.broker_expiry_seconds = broker_expiry_seconds
         self.scan_interval_seconds = scan_interval_seconds
         self.supervisor = Supervisor()
@@ -42,6 +52,12 @@ class Namesrv:
         await self.server.stop()
 
 
+def _bool(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return value.lower() == "true"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rmq-namesrv", description="RocketMQ-compatible nameserver")
     parser.add_argument("--listen", default=os.environ.get("RMQ_NAMESRV_LISTEN", "0.0.0.0:9876"),
@@ -50,16 +66,34 @@ def main(argv: list[str] | None = None) -> None:
                         default=float(os.environ.get("RMQ_NAMESRV_BROKER_EXPIRY_SECONDS", "120")),
                         help="drop a broker that has not registered for this long (default 120)")
     parser.add_argument("--scan-interval-seconds", type=float, default=10.0)
+    parser.add_argument("--kv-config-path", type=Path,
+                        default=Path(os.environ.get("RMQ_NAMESRV_KV_CONFIG_PATH", str(DEFAULT_PATH))),
+                        help="the KV config file, RocketMQ's kvConfig.json (env RMQ_NAMESRV_KV_CONFIG_PATH, "
+                             "default ~/namesrv/kvConfig.json); its directory must be writable for changes")
+    parser.add_argument("--order-message-enable", type=_bool, nargs="?", const=True, default=None,
+                        help="routes carry the topic's orderTopicConf (KV namespace ORDER_TOPIC_CONFIG); "
+                             "true or false, alone means true (env RMQ_NAMESRV_ORDER_MESSAGE_ENABLE, default false)")
     parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     try:
         host, port = split_addr(args.listen)
-    except ValueError as exc:
+        if args.order_message_enable is None:
+            args.order_message_enable = _bool(os.environ.get("RMQ_NAMESRV_ORDER_MESSAGE_ENABLE", "false"))
+    except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
+    kv = KVConfigStore(args.kv_config_path)
+    try:
+        kv.load()
+    except MetadataError as exc:
+        # An operator's mistake, not a bug: say which file and why, without a traceback.
+        cause = f" ({exc.__cause__})" if exc.__cause__ is not None and str(exc.__cause__) not in str(exc) else ""
+        print(f"rmq-namesrv: cannot load the KV config: {exc}{cause}", file=sys.stderr)
+        sys.exit(2)
 
     async def run(stop: asyncio.Event) -> None:
-        ns = Namesrv(host, port, args.broker_expiry_seconds, args.scan_interval_seconds)
+        ns = Namesrv(host, port, args.broker_expiry_seconds, args.scan_interval_seconds, kv,
+                     args.order_message_enable)
         await ns.start()
         print(f"rmq-namesrv listening on {host}:{ns.server.port}", flush=True)
         await stop.wait()

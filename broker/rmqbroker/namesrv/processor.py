@@ -1,4 +1,5 @@
-"""Nameserver request handling: registration, routes, cluster info (reference §2.15-§2.17)."""
+"""Nameserver request handling: registration, routes, cluster info (reference §2.15-§2.17) and the KV
+config requests (PUT/GET/DELETE_KV_CONFIG, GET_KVLIST_BY_NAMESPACE)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import struct
 import zlib
 from typing import Any
 
+from rmqbroker.metadata.errors import MetadataPersistError
 from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
 from rmqbroker.namesrv.routeinfo import RouteInfoManager, TopicConfigLite
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -97,8 +100,12 @@ def _decode_compressed(raw: bytes) -> tuple[dict[str, Any] | None, list[TopicCon
 class NamesrvProcessor:
     """Registers the nameserver's handlers on a remoting server."""
 
-    def __init__(self, routes: RouteInfoManager) -> None:
+    def __init__(self, routes: RouteInfoManager, kv: KVConfigStore | None = None,
+                 order_message_enable: bool = False) -> None:
         self.routes = routes
+        self.kv = kv if kv is not None else KVConfigStore(None)
+        # Java's NamesrvConfig.orderMessageEnable: routes carry the topic's ORDER_TOPIC_CONFIG entry.
+        self.order_message_enable = order_message_enable
         # Connections whose close already drops their brokers: a broker re-registers on the same
         # connection every registerNameServerPeriod, and one callback per registration would grow
         # the connection's callback list for as long as it lives.
@@ -114,6 +121,10 @@ class NamesrvProcessor:
         server.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self.delete_topic)
         server.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self.wipe_write_perm)
         server.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self.add_write_perm)
+        server.register(RequestCode.PUT_KV_CONFIG, self.put_kv_config)
+        server.register(RequestCode.GET_KV_CONFIG, self.get_kv_config)
+        server.register(RequestCode.DELETE_KV_CONFIG, self.delete_kv_config)
+        server.register(RequestCode.GET_KVLIST_BY_NAMESPACE, self.get_kv_list_by_namespace)
 
     async def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
@@ -145,7 +156,10 @@ class NamesrvProcessor:
             ext[wire.HA_SERVER_ADDR] = result.ha_server_addr
         if result.master_addr is not None:
             ext[wire.MASTER_ADDR] = result.master_addr
-        return cmd.make_response(ResponseCode.SUCCESS, ext_fields=ext)
+        # As Java: the order configuration of topics, which a Java broker applies to its topics' order flag.
+        order_conf = self.kv.namespace(ORDER_TOPIC_CONFIG)
+        body_out = _json_body({"table": order_conf}) if order_conf else b""
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields=ext, body=body_out)
 
     def _connection_closed(self, conn: Connection) -> None:
         self._watched.discard(conn.id)
@@ -197,6 +211,10 @@ class NamesrvProcessor:
             return cmd.make_response(
                 ResponseCode.TOPIC_NOT_EXIST,
                 f"No topic route info in name server for the topic: {topic}")
+        if self.order_message_enable:
+            order_conf = self.kv.get(ORDER_TOPIC_CONFIG, topic)
+            if order_conf is not None:  # Java leaves a null orderTopicConf out
+                route = dict(sorted({**route, "orderTopicConf": order_conf}.items()))
         return cmd.make_response(ResponseCode.SUCCESS, body=_json_body(route))
 
     async def get_cluster_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -205,3 +223,40 @@ class NamesrvProcessor:
     async def get_all_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS,
                                  body=_json_body({"topicList": self.routes.all_topics()}))
+
+    async def put_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        namespace, key, value = h.req_str(wire.NAMESPACE), h.req_str(wire.KEY), h.req_str(wire.VALUE)
+        try:
+            await self.kv.put(namespace, key, value)
+        except MetadataPersistError as exc:
+            log.error("KV config put of namespace %s key %s not saved: %s", namespace, key, exc)
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"KV config not saved: {exc}")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def get_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = Header(cmd.ext_fields)
+        namespace, key = h.req_str(wire.NAMESPACE), h.req_str(wire.KEY)
+        value = self.kv.get(namespace, key)
+        if value is None:
+            return cmd.make_response(ResponseCode.QUERY_NOT_FOUND,
+                                     f"No config item, Namespace: {namespace} Key: {key}")
+        return cmd.make_response(ResponseCode.SUCCESS, ext_fields={wire.VALUE: value})
+
+    async def delete_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """SUCCESS whether or not the entry existed, as Java."""
+        h = Header(cmd.ext_fields)
+        namespace, key = h.req_str(wire.NAMESPACE), h.req_str(wire.KEY)
+        try:
+            await self.kv.delete(namespace, key)
+        except MetadataPersistError as exc:
+            log.error("KV config delete of namespace %s key %s not saved: %s", namespace, key, exc)
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"KV config not saved: {exc}")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def get_kv_list_by_namespace(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        namespace = Header(cmd.ext_fields).req_str(wire.NAMESPACE)
+        table = self.kv.namespace(namespace)
+        if table is None:
+            return cmd.make_response(ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {namespace}")
+        return cmd.make_response(ResponseCode.SUCCESS, body=_json_body({"table": dict(sorted(table.items()))}))

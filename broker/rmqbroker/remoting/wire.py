@@ -161,6 +161,11 @@ BODY_CRC32 = "bodyCrc32"
 MASTER_ADDR = "masterAddr"
 CHANGED = "changed"
 
+# --- nameserver KV config (Put/Get/DeleteKVConfigRequestHeader, GetKVListByNamespaceRequestHeader,
+# GetKVConfigResponseHeader; the key field is KEY above) ---
+NAMESPACE = "namespace"
+VALUE = "value"
+
 
 # Java's Integer and Long: a header number outside them fails Integer/Long.parseInt there, and
 # here it could not be packed into a record's int32/int64 fields.
