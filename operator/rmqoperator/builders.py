@@ -67,6 +67,7 @@ VERIFY_CONTAINER = "verify"
 TERMINATION_LOG = "/dev/termination-log"
 VERIFY_JOB_LABEL = f"{GROUP}/verification-job"
 VERIFY_TTL_SECONDS = 24 * 3600
+NAMESRV_KV_CONFIG_PATH = "/tmp/namesrv/kvConfig.json"
 COMPONENT_NAMES = {"broker": "rmq-broker", "namesrv": "rmq-namesrv", "verification": "rmq-verify"}
 
 
@@ -430,7 +431,9 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
         "image": ns.image or spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["rmq-namesrv"],
-        "args": ["--listen", f"0.0.0.0:{port}"],
+        # The root filesystem is read-only (HOME too): the KV config (mqadmin updateKvConfig /
+        # updateOrderConf) goes to the /tmp emptyDir, which lasts as long as the pod.
+        "args": ["--listen", f"0.0.0.0:{port}", "--kv-config-path", NAMESRV_KV_CONFIG_PATH],
         "ports": [{"name": "namesrv", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "namesrv"}, "periodSeconds": 2},
         "livenessProbe": {"tcpSocket": {"port": "namesrv"}, "initialDelaySeconds": 10, "periodSeconds": 10},

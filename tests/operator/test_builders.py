@@ -83,6 +83,18 @@ def test_children_with_managed_nameservers() -> None:
         assert pdb["spec"]["maxUnavailable"] == 1
 
 
+def test_namesrv_kv_config_on_a_writable_volume() -> None:
+    """The root filesystem is read-only: the nameserver's kvConfig.json must be on an emptyDir."""
+    pod = builders.namesrv_statefulset(spec_of(nameServer={"managed": {"replicas": 1}}))["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    args = container["args"]
+    path = args[args.index("--kv-config-path") + 1]
+    writable = {m["mountPath"] for m in container["volumeMounts"]
+                if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])}
+    assert any(path.startswith(mount.rstrip("/") + "/") for mount in writable), (path, writable)
+
+
 def test_children_with_external_nameservers() -> None:
     spec = spec_of(nameServer={"addresses": ["10.1.0.5:9876", "ns2.example.com:9876"]})
     kinds = by_kind(builders.children(spec, complete_assignment({}, 2), 2))
