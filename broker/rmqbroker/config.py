@@ -84,6 +84,10 @@ class BrokerSettings:
     longPollingEnable: bool = field(default=True, metadata=_key("longPollingEnable"))
     shortPollingTimeMills: int = field(default=1000, metadata=_key("shortPollingTimeMills"))
     slaveReadEnable: bool = field(default=False, metadata=_key("slaveReadEnable"))
+    # SQL92 selectors (filter/sql92.py), off by default as in RocketMQ; with filterSupportRetry a
+    # group's retry messages are filtered by its selector of their original topic.
+    enablePropertyFilter: bool = field(default=False, metadata=_key("enablePropertyFilter"))
+    filterSupportRetry: bool = field(default=False, metadata=_key("filterSupportRetry"))
     # Transactional messages (processors/transaction.py), with RocketMQ's defaults.
     rejectTransactionMessage: bool = field(default=False, metadata=_key("rejectTransactionMessage"))
     transactionTimeOut: int = field(default=6000, metadata=_key("transactionTimeOut"))

@@ -15,6 +15,7 @@ from rmqbroker.processors.clients import (
     CONSUME_FROM,
     CONSUME_TYPES,
     MESSAGE_MODELS,
+    SQL92_TYPE,
     ClientChannel,
     SubscriptionData,
     SubscriptionParseError,
@@ -87,7 +88,8 @@ def _subscriptions(cd: Any) -> list[SubscriptionData]:
             version = int(sd.get("subVersion") or 0)
             expression_type = sd.get("expressionType")
             subs.append(build_subscription(sd["topic"], sd.get("subString"), version,
-                                           expression_type if isinstance(expression_type, str) else None))
+                                           expression_type if isinstance(expression_type, str) else None,
+                                           strict=False))
         except (SubscriptionParseError, ValueError, TypeError) as exc:
             raise BadRequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from exc
     return subs
@@ -147,14 +149,25 @@ class ClientManageProcessor:
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def check_client_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        """What a Java consumer with a non-TAG subscription asks before it starts (CheckClientRequestBody):
-        refused as RocketMQ refuses it without enablePropertyFilter, so that its start fails with
-        the reason instead of the consumer waiting for messages that never match."""
+        """What a Java consumer with a non-TAG subscription asks before it starts (CheckClientRequestBody),
+        answered as RocketMQ does: refused without ``enablePropertyFilter``, and an SQL92 selector
+        that does not compile is refused with the reason, so the consumer fails to start with it
+        instead of waiting for messages that never match."""
         sd = _json_object(cmd.body, "check client config").get("subscriptionData") if cmd.body else None
-        expression_type = sd.get("expressionType") if isinstance(sd, dict) else None
-        why = unsupported_filter(expression_type if isinstance(expression_type, str) else None)
+        if not isinstance(sd, dict):
+            return cmd.make_response(ResponseCode.SUCCESS)
+        expression_type = sd.get("expressionType")
+        expression_type = expression_type if isinstance(expression_type, str) else None
+        why = unsupported_filter(expression_type, property_filter=self.ctx.settings.enablePropertyFilter)
         if why is not None:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, why)
+        if expression_type == SQL92_TYPE:
+            sub_string = sd.get("subString")
+            try:
+                build_subscription(str(sd.get("topic") or ""), sub_string if isinstance(sub_string, str) else None,
+                                   0, expression_type)
+            except SubscriptionParseError as exc:
+                return cmd.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqbroker.filter.sql92 import FilterParseError, Selector, compile_sql92
 from rmqbroker.remoting.server import Connection
 from rmqbroker.store.record import java_string_hash
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 SUB_ALL = "*"
 TAG_TYPE = "TAG"
+SQL92_TYPE = "SQL92"
 
 
 class SubscriptionParseError(ValueError):
@@ -31,13 +33,17 @@ class SubscriptionData:
     sub_version: int
     tags: frozenset[str]
     codes: frozenset[int]
-    # TAG, or a filter this broker cannot serve (SQL92): see ``unsupported``.
+    # TAG, SQL92, or a filter this broker cannot serve: see ``unsupported``.
     expression_type: str = TAG_TYPE
+    # SQL92: the compiled selector, or why it does not compile. A heartbeat keeps such a
+    # subscription, so that its pulls are told their filter data does not exist (as RocketMQ's
+    # ConsumerFilterManager, which leaves it out, tells them) instead of the heartbeat failing.
+    selector: Selector | None = None
+    filter_error: str | None = None
 
     @property
-    def unsupported(self) -> str | None:
-        """Why this broker cannot serve the subscription, else None."""
-        return unsupported_filter(self.expression_type)
+    def is_tag_type(self) -> bool:
+        return self.expression_type == TAG_TYPE
 
     @property
     def matches_all(self) -> bool:
@@ -50,20 +56,33 @@ class SubscriptionData:
         return not self.tags or (tag is not None and tag in self.tags)
 
 
-def unsupported_filter(expression_type: str | None) -> str | None:
-    """Why a subscription of this type cannot be served (RocketMQ's remark without
-    ``enablePropertyFilter``), or None for tag filters."""
+def unsupported_filter(expression_type: str | None, *, property_filter: bool) -> str | None:
+    """Why a subscription of this type cannot be served (RocketMQ's remark), or None: tag filters
+    always can, SQL92 only with ``enablePropertyFilter``."""
     if expression_type is None or expression_type in ("", TAG_TYPE):
+        return None
+    if expression_type == SQL92_TYPE and property_filter:
         return None
     return f"The broker does not support consumer to filter message by {expression_type}"
 
 
 def build_subscription(topic: str, expression: str | None, sub_version: int = 0,
-                       expression_type: str | None = None) -> SubscriptionData:
-    """Parse a TAG expression (``*``, ``TagA || TagB``); codes are computed here, never trusted.
-    Another filter type (SQL92) is kept as unsupported: its expression is not read as tags, which
+                       expression_type: str | None = None, *, strict: bool = True) -> SubscriptionData:
+    """Parse a TAG expression (``*``, ``TagA || TagB``; codes are computed here, never trusted) or
+    compile an SQL92 selector. A selector that does not compile raises with ``strict``, else is kept
+    with its ``filter_error``. Another type is kept as unsupported: read as tags, its expression
     would match no message and leave its consumer waiting without a word."""
-    if unsupported_filter(expression_type) is not None:
+    if expression_type == SQL92_TYPE:
+        expr = (expression or "").strip()
+        try:
+            selector = compile_sql92(expr)
+        except FilterParseError as exc:
+            why = f"invalid SQL92 expression {expr!r}: {exc}"
+            if strict:
+                raise SubscriptionParseError(why) from exc
+            return SubscriptionData(topic, expr, sub_version, frozenset(), frozenset(), SQL92_TYPE, filter_error=why)
+        return SubscriptionData(topic, expr, sub_version, frozenset(), frozenset(), SQL92_TYPE, selector)
+    if unsupported_filter(expression_type, property_filter=False) is not None:
         return SubscriptionData(topic, (expression or "").strip(), sub_version, frozenset(), frozenset(),
                                 str(expression_type))
     expr = (expression or "").strip()

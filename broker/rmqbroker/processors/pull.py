@@ -12,16 +12,23 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rmqbroker.filter.sql92 import Selector
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
-from rmqbroker.metadata.topics import perm_readable
-from rmqbroker.processors.clients import SubscriptionData, SubscriptionParseError, build_subscription
+from rmqbroker.metadata.topics import RETRY_GROUP_TOPIC_PREFIX, perm_readable
+from rmqbroker.processors.clients import (
+    SubscriptionData,
+    SubscriptionParseError,
+    build_subscription,
+    unsupported_filter,
+)
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import Header
-from rmqbroker.store.message_store import GetMessageStatus
+from rmqbroker.store.message_store import GetMessageStatus, RecordFilter
+from rmqbroker.store.record import RETRY_TOPIC, decode_properties, dispatch_fields
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,15 @@ _STATUS_CODE: dict[GetMessageStatus, int] = {
     GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
 }
 # Statuses whose nextBeginOffset a slave must not "correct" (offsetCheckInSlave=false).
+
+def _selecting(selector: Selector) -> RecordFilter:
+    """A record filter evaluating an SQL92 selector against the record's properties (system ones,
+    such as TAGS and KEYS, included, as in RocketMQ)."""
+
+    def match(view: memoryview) -> bool:
+        return selector.matches(decode_properties(dispatch_fields(view, 0)[6]))
+    return match
+
 
 @dataclass(slots=True)
 class _HeldPull:
@@ -113,11 +129,21 @@ class PullMessageProcessor:
             if sub.sub_version < h.opt_int(wire.SUB_VERSION, 0):
                 return cmd.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST,
                                          "the consumer's subscription not latest")
-        if sub.unsupported is not None:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, sub.unsupported)
+        record_filter: RecordFilter | None = None
+        if not sub.is_tag_type:
+            why = unsupported_filter(sub.expression_type, property_filter=ctx.settings.enablePropertyFilter)
+            if why is not None:
+                return cmd.make_response(ResponseCode.SYSTEM_ERROR, why)
+            if sub.selector is None:
+                return cmd.make_response(ResponseCode.FILTER_DATA_NOT_EXIST,
+                                         "The broker's consumer filter data is not exist!Your expression may be "
+                                         f"wrong! ({sub.filter_error})")
+            record_filter = _selecting(sub.selector)
+        elif ctx.settings.filterSupportRetry and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            record_filter = self._retry_filter(group)
 
         result = ctx.store.get_message(group, topic, queue_id, offset, max_msgs,
-                                       None if sub.matches_all else sub.match_code)
+                                       None if sub.matches_all else sub.match_code, record_filter)
         status = result.status
         next_begin = result.next_begin_offset
         is_slave = ctx.is_slave
@@ -153,6 +179,20 @@ class PullMessageProcessor:
             ctx.stats.got(group, topic, result.message_count)
             return cmd.make_response(code, "FOUND", ext_fields=ext, body=body)
         return cmd.make_response(code, status.name, ext_fields=ext)
+
+    def _retry_filter(self, group: str) -> RecordFilter | None:
+        """With filterSupportRetry, a retry message is selected by the group's selector of the topic
+        it was first sent to (its RETRY_TOPIC property); one without such a selector always is."""
+        clients = self.ctx.clients
+
+        def match(view: memoryview) -> bool:
+            props = decode_properties(dispatch_fields(view, 0)[6])
+            real_topic = props.get(RETRY_TOPIC)
+            sub = clients.find_subscription(group, real_topic) if real_topic else None
+            if sub is None or sub.selector is None:
+                return True
+            return sub.selector.matches(props)
+        return match
 
     def _suggest_broker(self, group_cfg: SubscriptionGroupConfig, slow: bool) -> int:
         """RocketMQ's rule: with slaveReadEnable, a consumer too far behind is sent to the group's

@@ -285,6 +285,8 @@ ArrivalListener = Callable[[str, int, int], None]
 # slave ack itself (no loop pass in between), from the timeout, or at once.
 ReplicationCallback = Callable[[int, Callable[[PutMessageStatus], None]], None]
 TagFilter = Callable[[int], bool]
+# Sees a whole record read from the commitlog (SQL92 selectors, which need its properties).
+RecordFilter = Callable[[memoryview], bool]
 
 
 def _result(status: PutMessageStatus) -> PutResult:
@@ -1132,11 +1134,12 @@ class MessageStore:
         offset: int,
         max_msg_nums: int,
         tag_filter: TagFilter | None = None,
+        record_filter: RecordFilter | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_msg_nums`` matching records from ``offset`` (§2.5 step 3).
 
         ``group`` is accepted for parity with RocketMQ (stats); ``tag_filter`` gets each unit's
-        tagsCode (``None`` matches everything).
+        tagsCode and ``record_filter`` each record that passed it (``None`` matches everything).
         """
         G = GetMessageStatus
         cq = self._find_cq(topic, queue_id)
@@ -1188,11 +1191,14 @@ class MessageStore:
                 next_phy_file_start = commitlog.roll_next_file(phy)
                 pos += CQ_STORE_UNIT_SIZE
                 continue
+            next_phy_file_start = -1
+            if record_filter is not None and not record_filter(view):
+                pos += CQ_STORE_UNIT_SIZE
+                continue
             buffers.append(view)
             total += size
             count += 1
             status = G.FOUND
-            next_phy_file_start = -1
             pos += CQ_STORE_UNIT_SIZE
         next_begin = offset + (pos - start) // CQ_STORE_UNIT_SIZE
         behind = commitlog.max_offset() - max_phy_pulling > self._in_memory_max if pos > start else False

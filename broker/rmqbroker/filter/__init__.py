@@ -1,0 +1,1 @@
+"""Message filters evaluated by the broker: RocketMQ's SQL92 property selectors."""
