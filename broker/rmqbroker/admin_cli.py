@@ -117,8 +117,7 @@ class Admin:
         """brokerName -> the address a read goes to: the master, else a slave (selectBrokerAddr)."""
         out = {}
         for b in (await self.route(topic)).get("brokerDatas", []):
-            addrs = b.get("brokerAddrs", {})
-            addr = addrs.get("0") or next((addrs[k] for k in sorted(addrs, key=int)), None)
+            addr = _read_addr(b.get("brokerAddrs", {}))
             if addr:
                 out[b["brokerName"]] = addr
         return out
@@ -134,6 +133,11 @@ class Admin:
         if args.cluster:
             return await self.masters(args.cluster)
         raise AdminError("give -b brokerAddr or -c clusterName")
+
+
+def _read_addr(addrs: dict[str, str]) -> str | None:
+    """Of a route's brokerAddrs (id -> address): the master, else the lowest slave (selectBrokerAddr)."""
+    return addrs.get("0") or next((addrs[k] for k in sorted(addrs, key=int)), None)
 
 
 def _bool(value: str) -> bool:
@@ -328,8 +332,52 @@ async def get_broker_config(admin: Admin, args: argparse.Namespace) -> str:
 
 async def topic_list(admin: Admin, args: argparse.Namespace) -> str:
     resp = await admin.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-    topics = fastjson_loads(bytes(resp.body)).get("topicList", []) if resp.body else []
-    return "\n".join(sorted(topics))
+    topics = sorted(fastjson_loads(bytes(resp.body)).get("topicList", []) if resp.body else [])
+    if not args.cluster_model:
+        return "\n".join(topics)
+    # mqadmin topicList -c: each topic's cluster (that of the first broker of its route) and the
+    # groups consuming it; retry and DLQ topics are left out, as there.
+    clusters = (await admin.cluster_info()).get("clusterAddrTable", {})
+    rows = [["#Cluster Name", "#Topic", "#Consumer Group"]]
+    for topic in topics:
+        if topic.startswith(("%RETRY%", "%DLQ%")):
+            continue
+        cluster, groups = await _topic_cluster_and_groups(admin, topic, clusters)
+        rows.extend([cluster, topic, group] for group in groups or [""])
+    return _table(rows)
+
+
+async def _topic_cluster_and_groups(admin: Admin, topic: str,
+                                    clusters: dict[str, list[str]]) -> tuple[str, list[str]]:
+    """The cluster of the first broker of the topic's route, and the groups consuming the topic
+    (QUERY_TOPIC_CONSUME_BY_WHO on each broker of the route; mqadmin asks the first one only)."""
+    resp = await admin.namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {wire.TOPIC: topic},
+                                    ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
+    if resp.code != ResponseCode.SUCCESS or not resp.body:
+        return "", []  # its route went between the two requests (deleted, or its broker left)
+    brokers = sorted(fastjson_loads(bytes(resp.body)).get("brokerDatas", []), key=lambda b: str(b.get("brokerName")))
+    first = str(brokers[0].get("brokerName")) if brokers else ""
+    cluster = next((c for c, names in sorted(clusters.items()) if first in names), "")
+    groups: set[str] = set()
+    for b in brokers:
+        addr = _read_addr(b.get("brokerAddrs", {}))
+        if addr:
+            resp = await admin.call(addr, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {wire.TOPIC: topic})
+            groups.update(fastjson_loads(bytes(resp.body)).get("groupList", []) if resp.body else [])
+    return cluster, sorted(groups)
+
+
+async def get_namesrv_config(admin: Admin, args: argparse.Namespace) -> str:
+    """Every nameserver's config (GET_NAMESRV_CONFIG), printed as mqadmin getNamesrvConfig does."""
+    out = []
+    for ns in admin.require_namesrvs():
+        resp = await admin.call(ns, RequestCode.GET_NAMESRV_CONFIG)
+        out.append(f"============{ns}============")
+        for line in bytes(resp.body).decode("utf-8", "replace").splitlines():
+            if line.strip() and not line.lstrip().startswith(("#", "!")):
+                key, _, value = line.partition("=")
+                out.append(f"{key:<50}=  {value}")
+    return "\n".join(out)
 
 
 async def topic_route(admin: Admin, args: argparse.Namespace) -> str:
@@ -632,7 +680,7 @@ COMMANDS = {
     "brokerStatus": (broker_status, "a broker's runtime figures (offsets, disk use, role), or every broker's of a "
                      "cluster"),
     "getBrokerConfig": (get_broker_config, "a broker's settings (secrets masked), or every broker's of a cluster"),
-    "topicList": (topic_list, "every topic the nameserver routes"),
+    "topicList": (topic_list, "every topic the nameserver routes; with -c each one's cluster and consumer groups"),
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
     "consumerConnection": (consumer_connection, "a consumer group's connected clients and subscriptions"),
     "consumerStatus": (consumer_status, "each member of a consumer group reports its queues, offsets and "
@@ -653,6 +701,7 @@ COMMANDS = {
     "deleteKvConfig": (delete_kv_config, "delete a KV config entry on every nameserver"),
     "updateOrderConf": (update_order_conf, "put, get or delete a topic's order conf (KV namespace "
                         "ORDER_TOPIC_CONFIG; routes carry it with the nameservers' orderMessageEnable)"),
+    "getNamesrvConfig": (get_namesrv_config, "every nameserver's config (its start-up options)"),
 }
 
 
@@ -700,6 +749,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("-a", "--notifyConsumerIdsChanged", dest="notify", type=_bool, default=True)
     parsers["deleteSubGroup"].add_argument("-r", "--removeOffset", dest="remove_offset", type=_bool, default=False)
     parsers["consumerProgress"].add_argument("-t", "--topicName", dest="topic", default=None)
+    parsers["topicList"].add_argument("-c", "--clusterModel", dest="cluster_model", action="store_true",
+                                      help="each topic's cluster and consumer groups (asks the brokers too)")
     q = parsers["queryMsgByKey"]
     q.add_argument("-k", "--msgKey", dest="key", required=True)
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")

@@ -33,10 +33,27 @@ class Namesrv:
         self.routes = RouteInfoManager()
         self.kv = kv if kv is not None else KVConfigStore(None)
         self.server = RemotingServer(host, port, name="namesrv")
-        NamesrvProcessor(self.routes, self.kv, order_message_enable).register(self.server)
+        self.host = host
+        self.order_message_enable = order_message_enable
+        NamesrvProcessor(self.routes, self.kv, order_message_enable, self.config_properties).register(self.server)
         self.broker_expiry_seconds = broker_expiry_seconds
         self.scan_interval_seconds = scan_interval_seconds
         self.supervisor = Supervisor()
+
+    def config_properties(self) -> dict[str, str]:
+        """GET_NAMESRV_CONFIG: the options this nameserver runs with, under Java's NamesrvConfig /
+        NettyServerConfig names where Java has the option (listenPort, kvConfigPath,
+        orderMessageEnable); Java's broker expiry and scan period are constants, so those are ours."""
+        props = {
+            "listenHost": self.host,
+            "listenPort": str(self.server.port),  # the bound port, also when 0 was asked for
+            "orderMessageEnable": "true" if self.order_message_enable else "false",
+            "brokerExpirySeconds": _number(self.broker_expiry_seconds),
+            "scanIntervalSeconds": _number(self.scan_interval_seconds),
+        }
+        if self.kv.path is not None:
+            props["kvConfigPath"] = str(self.kv.path)
+        return props
 
     async def start(self) -> None:
         await self.server.start()
@@ -50,6 +67,10 @@ class Namesrv:
     async def stop(self) -> None:
         await self.supervisor.stop()
         await self.server.stop()
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() else str(value)
 
 
 def _bool(value: str) -> bool:

@@ -1,5 +1,6 @@
-"""Nameserver request handling: registration, routes, cluster info (reference §2.15-§2.17) and the KV
-config requests (PUT/GET/DELETE_KV_CONFIG, GET_KVLIST_BY_NAMESPACE)."""
+"""Nameserver request handling: registration, routes, cluster info (reference §2.15-§2.17), the KV
+config requests (PUT/GET/DELETE_KV_CONFIG, GET_KVLIST_BY_NAMESPACE), the admin tools' topic lists
+(by cluster, system, unit flags) and the nameserver's config (read only)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from rmqbroker.metadata.errors import MetadataPersistError
@@ -22,6 +24,18 @@ from rmqbroker.remoting.wire import Header
 log = logging.getLogger(__name__)
 
 _INT = struct.Struct(">i")
+
+
+# Answer to UPDATE_NAMESRV_CONFIG: every option is read once at start-up (flags / environment).
+UPDATE_CONFIG_REFUSED = (
+    "this nameserver's config cannot be changed at run time: nothing was changed; restart rmq-namesrv "
+    "with other start-up options (--listen, --kv-config-path, --order-message-enable, "
+    "--broker-expiry-seconds, --scan-interval-seconds or their RMQ_NAMESRV_* environment variables)")
+
+
+def properties_text(props: dict[str, str]) -> str:
+    """``key=value`` lines as Java's MixAll.properties2String writes them (keys sorted here)."""
+    return "".join(f"{key}={value}\n" for key, value in sorted(props.items()))
 
 
 class RegisterBodyError(ValueError):
@@ -97,12 +111,24 @@ def _decode_compressed(raw: bytes) -> tuple[dict[str, Any] | None, list[TopicCon
     return (version if isinstance(version, dict) else None), topics
 
 
+def _topic_list(cmd: RemotingCommand, topics: list[str], broker_addr: str | None = None) -> RemotingCommand:
+    # Java's TopicList; fastjson leaves a null brokerAddr out.
+    body: dict[str, Any] = {"topicList": topics}
+    if broker_addr is not None:
+        body["brokerAddr"] = broker_addr
+    return cmd.make_response(ResponseCode.SUCCESS, body=_json_body(dict(sorted(body.items()))))
+
+
 class NamesrvProcessor:
     """Registers the nameserver's handlers on a remoting server."""
 
     def __init__(self, routes: RouteInfoManager, kv: KVConfigStore | None = None,
-                 order_message_enable: bool = False) -> None:
+                 order_message_enable: bool = False,
+                 config: Callable[[], dict[str, str]] | None = None) -> None:
         self.routes = routes
+        # The nameserver's options as Java property names -> text, asked per request: the listen
+        # port is known only once the server is bound.
+        self.config = config if config is not None else dict
         self.kv = kv if kv is not None else KVConfigStore(None)
         # Java's NamesrvConfig.orderMessageEnable: routes carry the topic's ORDER_TOPIC_CONFIG entry.
         self.order_message_enable = order_message_enable
@@ -125,6 +151,13 @@ class NamesrvProcessor:
         server.register(RequestCode.GET_KV_CONFIG, self.get_kv_config)
         server.register(RequestCode.DELETE_KV_CONFIG, self.delete_kv_config)
         server.register(RequestCode.GET_KVLIST_BY_NAMESPACE, self.get_kv_list_by_namespace)
+        server.register(RequestCode.GET_TOPICS_BY_CLUSTER, self.get_topics_by_cluster)
+        server.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS, self.get_system_topics)
+        server.register(RequestCode.GET_UNIT_TOPIC_LIST, self.get_unit_topics)
+        server.register(RequestCode.GET_HAS_UNIT_SUB_TOPIC_LIST, self.get_has_unit_sub_topics)
+        server.register(RequestCode.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST, self.get_has_unit_sub_ununit_topics)
+        server.register(RequestCode.GET_NAMESRV_CONFIG, self.get_config)
+        server.register(RequestCode.UPDATE_NAMESRV_CONFIG, self.update_config)
 
     async def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
@@ -223,6 +256,34 @@ class NamesrvProcessor:
     async def get_all_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS,
                                  body=_json_body({"topicList": self.routes.all_topics()}))
+
+    async def get_topics_by_cluster(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin / Dashboard: the topics on a cluster's brokers (an unknown cluster has none)."""
+        cluster = Header(cmd.ext_fields).req_str(wire.CLUSTER)
+        return _topic_list(cmd, self.routes.topics_by_cluster(cluster))
+
+    async def get_system_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topics, broker_addr = self.routes.system_topic_list()
+        return _topic_list(cmd, topics, broker_addr)
+
+    async def get_unit_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return _topic_list(cmd, self.routes.topics_by_sys_flag(unit=True, unit_sub=None))
+
+    async def get_has_unit_sub_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return _topic_list(cmd, self.routes.topics_by_sys_flag(unit=None, unit_sub=True))
+
+    async def get_has_unit_sub_ununit_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return _topic_list(cmd, self.routes.topics_by_sys_flag(unit=False, unit_sub=True))
+
+    async def get_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin getNamesrvConfig: the options in Java's properties text."""
+        return cmd.make_response(ResponseCode.SUCCESS, body=properties_text(self.config()).encode("utf-8"))
+
+    async def update_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Refused: answering SUCCESS would claim a change that never happens. NO_PERMISSION is
+        Java's answer for options it will not change at run time (its configBlackList)."""
+        log.warning("UPDATE_NAMESRV_CONFIG from %s refused: the config is fixed at start-up", conn.remote_addr)
+        return cmd.make_response(ResponseCode.NO_PERMISSION, UPDATE_CONFIG_REFUSED)
 
     async def put_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)

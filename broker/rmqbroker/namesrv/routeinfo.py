@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 MASTER_ID = 0
 
+# Java's TopicSysFlag bits: a unit topic, and a topic with unit subscriptions.
+FLAG_UNIT = 0x1
+FLAG_UNIT_SUB = 0x2
+
 
 @dataclass(slots=True)
 class QueueData:
@@ -251,3 +255,38 @@ class RouteInfoManager:
 
     def all_topics(self) -> list[str]:
         return sorted(self.topic_queue_table)
+
+    def topics_by_cluster(self, cluster_name: str) -> list[str]:
+        """The topics with queues on a broker of ``cluster_name`` (none for an unknown cluster, as Java)."""
+        names = self.cluster_addr_table.get(cluster_name, set())
+        return sorted(topic for topic, queues in self.topic_queue_table.items() if not names.isdisjoint(queues))
+
+    def system_topic_list(self) -> tuple[list[str], str | None]:
+        """RocketMQ's "system topics" of a nameserver: every cluster name and broker name (a broker
+        registers its name and its cluster's name as topics), and one broker address to ask for the
+        broker's own system topics: the lowest id's of the first broker name."""
+        names: set[str] = set()
+        for cluster, broker_names in self.cluster_addr_table.items():
+            names.add(cluster)
+            names |= broker_names
+        addr = None
+        for _name, data in sorted(self.broker_addr_table.items()):
+            if data.broker_addrs:
+                addr = data.broker_addrs[min(data.broker_addrs)]
+                break
+        return sorted(names), addr
+
+    def topics_by_sys_flag(self, unit: bool | None, unit_sub: bool | None) -> list[str]:
+        """Topics whose topicSysFlag has (True) or lacks (False) the unit / unit-sub bit; None: either.
+        As Java, one broker's queue data decides for the topic (brokers register the same flag)."""
+        out = []
+        for topic, queues in self.topic_queue_table.items():
+            if not queues:
+                continue
+            flag = queues[min(queues)].topic_sys_flag
+            if unit is not None and bool(flag & FLAG_UNIT) != unit:
+                continue
+            if unit_sub is not None and bool(flag & FLAG_UNIT_SUB) != unit_sub:
+                continue
+            out.append(topic)
+        return sorted(out)

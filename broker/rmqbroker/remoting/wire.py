@@ -161,6 +161,9 @@ BODY_CRC32 = "bodyCrc32"
 MASTER_ADDR = "masterAddr"
 CHANGED = "changed"
 
+# --- GET_TOPICS_BY_CLUSTER (GetTopicsByClusterRequestHeader: "cluster", not clusterName) ---
+CLUSTER = "cluster"
+
 # --- nameserver KV config (Put/Get/DeleteKVConfigRequestHeader, GetKVListByNamespaceRequestHeader,
 # GetKVConfigResponseHeader; the key field is KEY above) ---
 NAMESPACE = "namespace"
