@@ -14,6 +14,7 @@ from aiohttp import web
 from rmqbroker.acl import AclConfigError, AclFileWatcher, PlainAcl, guard
 from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
 from rmqbroker.admin.metrics import LabeledGauge, build_registry
+from rmqbroker.broker_stats import BrokerStatsManager
 from rmqbroker.config import BrokerSettings, ConfigError
 from rmqbroker.ha.controller import ReplicationController, RoleChangeError
 from rmqbroker.ha.epoch import EpochStore
@@ -115,8 +116,11 @@ class Broker:
         self.pull = PullMessageProcessor(self.ctx)
         self.reply = ReplyMessageProcessor(self.ctx, self.send)
         self.cleaner = CleanService(self.store, retention_config(settings))
+        self.broker_stats = BrokerStatsManager(self.store, self.ctx.stats, settings.brokerClusterName,
+                                               lambda: not self.ctx.is_slave, settings.statsSamplingInterval)
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
-                     AdminProcessor(self.ctx, cleaner=self.cleaner), QueryMessageProcessor(self.ctx),
+                     AdminProcessor(self.ctx, cleaner=self.cleaner, broker_stats=self.broker_stats),
+                     QueryMessageProcessor(self.ctx),
                      self.transactions, self.reply):
             proc.register(self.server)
         acl: PlainAcl | None = None
@@ -250,6 +254,8 @@ class Broker:
         self._register_event.set()
 
     def _topic_changed(self, topic: str, tc: TopicConfig | None) -> None:
+        if tc is None:
+            self.broker_stats.forget_topic(topic)
         self.request_register()
 
     async def register_all(self) -> bool:
@@ -345,6 +351,8 @@ class Broker:
         sup.every("persist-offsets", s.flushConsumerOffsetInterval / 1000, self._persist_offsets)
         sup.every("persist-delay-offsets", s.flushDelayOffsetInterval / 1000, self._persist_delay_offsets)
         sup.every("scan-clients", 10.0, self._scan_clients)
+        # The first round at once: it takes the baseline later rounds count from.
+        sup.every("broker-stats", s.statsSamplingInterval / 1000, self.broker_stats.sample, initial_delay=0)
         sup.every("transaction-check", s.transactionCheckInterval / 1000, self._check_transactions)
         # The first round soon after start: a disk that is already full refuses sends at once.
         sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files,

@@ -96,6 +96,9 @@ class BrokerSettings:
     # Request-reply (processors/reply.py): a reply pushed to its requester is stored in its topic too.
     storeReplyMessageEnable: bool = field(default=True, metadata=_key("storeReplyMessageEnable"))
     registerNameServerPeriod: int = field(default=30000, metadata=_key("registerNameServerPeriod"))
+    # Project key (Java samples its broker stats every 10 s, fixed): the sampling period of
+    # VIEW_BROKER_STATS_DATA's figures (broker_stats.py); the hour and day samplings scale with it.
+    statsSamplingInterval: int = field(default=10000, metadata=_key("statsSamplingInterval"))
     notifyConsumerIdsChangedEnable: bool = field(default=True, metadata=_key("notifyConsumerIdsChangedEnable"))
     clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
     haSendHeartbeatInterval: int = field(default=5000, metadata=_key("haSendHeartbeatInterval"))
@@ -328,7 +331,7 @@ def _validate(s: BrokerSettings) -> None:
     if s.fastListenPort < 0 and s.listenPort <= 2:
         raise ConfigError("fastListenPort: listenPort - 2 is no port; set fastListenPort (0 for none)")
     for key in ("mappedFileSizeCommitLog", "maxMessageSize", "defaultTopicQueueNums", "transactionTimeOut",
-                "transactionCheckInterval"):
+                "transactionCheckInterval", "statsSamplingInterval"):
         if getattr(s, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
     if s.mappedFileSizeConsumeQueue <= 0 or s.mappedFileSizeConsumeQueue % 20:

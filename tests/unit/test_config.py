@@ -137,6 +137,7 @@ def test_cli_overrides_an_invalid_conf_value() -> None:
     ("diskSpaceCleanForciblyRatio", "101"),
     ("diskSpaceCleanForciblyRatio", "95"),
     ("cleanResourceInterval", "0"),
+    ("statsSamplingInterval", "0"),
     ("cleanFileForciblyEnable", "1"),
 ])
 def test_invalid_values_are_fatal_and_name_the_key(key: str, value: str) -> None:

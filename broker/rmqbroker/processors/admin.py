@@ -1,5 +1,5 @@
 """Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 300, 307,
-314, 329 (reference §2.13, §2.14; 200-329 follow RocketMQ's AdminBrokerProcessor)."""
+314, 315, 317, 329 (reference §2.13, §2.14; 200-329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from rmqbroker.broker_stats import BrokerStatsManager
 from rmqbroker.config import settings_properties
 from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
@@ -66,11 +67,12 @@ class AdminProcessor:
     """Topic administration, runtime info and the GET_ALL_* bodies a slave syncs from."""
 
     def __init__(self, ctx: BrokerContext, runtime_info: Callable[[], dict[str, str]] | None = None,
-                 cleaner: CleanService | None = None) -> None:
+                 cleaner: CleanService | None = None, broker_stats: BrokerStatsManager | None = None) -> None:
         self.ctx = ctx
         self.boot_ms = int(time.time() * 1000)
         self._runtime_info = runtime_info
         self._cleaner = cleaner
+        self._broker_stats = broker_stats
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
@@ -82,6 +84,9 @@ class AdminProcessor:
         server.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_subscription_group)
         server.register(RequestCode.GET_TOPIC_STATS_INFO, self.get_topic_stats_info)
         server.register(RequestCode.GET_CONSUME_STATS, self.get_consume_stats)
+        server.register(RequestCode.GET_BROKER_CONSUME_STATS, self.get_broker_consume_stats)
+        if self._broker_stats is not None:
+            server.register(RequestCode.VIEW_BROKER_STATS_DATA, self.view_broker_stats_data)
         server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
         server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
@@ -206,6 +211,22 @@ class AdminProcessor:
                             {"lastUpdateTimestamp": last, "maxOffset": high, "minOffset": low}))
         return cmd.make_response(ResponseCode.SUCCESS, body=dumps_mq_keyed("offsetTable", entries))
 
+    def _queue_progress(self, group: str, topic: str, queue_nums: int) -> list[tuple[str, str, int, dict[str, int]]]:
+        """A group's OffsetWrapper of each of a topic's first ``queue_nums`` queues: broker offset,
+        committed offset and the store time of the last consumed message (a ConsumeStats table)."""
+        ctx = self.ctx
+        store = ctx.store
+        entries = []
+        for qid in range(queue_nums):
+            broker_offset = max(0, store.get_max_offset_in_queue(topic, qid))
+            consumer_offset = max(0, ctx.offsets.query(group, topic, qid))
+            last = 0
+            if consumer_offset > 0:
+                last = max(0, store.get_message_store_timestamp(topic, qid, consumer_offset - 1))
+            entries.append((ctx.settings.brokerName, topic, qid, {
+                "brokerOffset": broker_offset, "consumerOffset": consumer_offset, "lastTimestamp": last}))
+        return entries
+
     async def get_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """A consumer group's progress per read queue (mqadmin consumerProgress): broker offset,
         committed offset and the store time of the last consumed message; a ConsumeStats body.
@@ -216,22 +237,54 @@ class AdminProcessor:
         group = h.req_str(wire.CONSUMER_GROUP)
         only = (h.opt_str(wire.TOPIC) or "").strip()
         topics = [only] if only else sorted(ctx.offsets.which_topics_by_group(group))
-        store = ctx.store
         entries = []
         for topic in topics:
             tc = ctx.topics.select(topic)
             if tc is None or ctx.clients.online_elsewhere(group, topic):
                 continue
-            for qid in range(tc.read_queue_nums):
-                broker_offset = max(0, store.get_max_offset_in_queue(topic, qid))
-                consumer_offset = max(0, ctx.offsets.query(group, topic, qid))
-                last = 0
-                if consumer_offset > 0:
-                    last = max(0, store.get_message_store_timestamp(topic, qid, consumer_offset - 1))
-                entries.append((ctx.settings.brokerName, topic, qid, {
-                    "brokerOffset": broker_offset, "consumerOffset": consumer_offset, "lastTimestamp": last}))
+            entries += self._queue_progress(group, topic, tc.read_queue_nums)
         tps = float(ctx.stats.group_get_tps(group, topics))
         return cmd.make_response(ResponseCode.SUCCESS, body=dumps_mq_keyed("offsetTable", entries, consumeTps=tps))
+
+    async def get_broker_consume_stats(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin brokerConsumeStats: every subscription group's ConsumeStats per topic it has
+        offsets on (each write queue, as RocketMQ counts them here), with the broker-wide backlog; a
+        ConsumeStatsList body. With ``isOrder`` only order topics count. As in GET_CONSUME_STATS, a
+        topic the group's online consumers do not subscribe to is left out; a group with no topic
+        left is still listed, with an empty list."""
+        ctx = self.ctx
+        # A Java boolean header field: required, and true only for "true".
+        is_order = Header(cmd.ext_fields).req_str(wire.IS_ORDER).lower() == "true"
+        groups = []
+        total_diff = 0
+        for group in sorted(ctx.groups.table()):
+            per_topic = []
+            for topic in sorted(ctx.offsets.which_topics_by_group(group)):
+                tc = ctx.topics.select(topic)
+                if tc is None or (is_order and not tc.order) or ctx.clients.online_elsewhere(group, topic):
+                    continue
+                entries = self._queue_progress(group, topic, tc.write_queue_nums)
+                total_diff += sum(e[3]["brokerOffset"] - e[3]["consumerOffset"] for e in entries)
+                tps = float(ctx.stats.group_get_tps(group, [topic]))
+                per_topic.append(dumps_mq_keyed("offsetTable", entries, consumeTps=tps).decode("utf-8"))
+            groups.append(f"{{{json.dumps(group)}:[{','.join(per_topic)}]}}")
+        body = (f'{{"brokerAddr":{json.dumps(ctx.settings.broker_addr)},"consumeStatsList":[{",".join(groups)}],'
+                f'"totalDiff":{total_diff}}}')
+        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+
+    async def view_broker_stats_data(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """mqadmin statsAll and the Dashboard: one stats item's minute, hour and day figures (a
+        BrokerStatsData body; see broker_stats for what is measured how)."""
+        stats = self._broker_stats
+        assert stats is not None
+        h = Header(cmd.ext_fields)
+        name = h.req_str(wire.STATS_NAME)
+        key = h.req_str(wire.STATS_KEY)
+        item = stats.get_item(name, key)
+        if item is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        return cmd.make_response(ResponseCode.SUCCESS,
+                                 body=json.dumps(item.to_json_obj(), separators=(",", ":")).encode("utf-8"))
 
     async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """Delete a topic (mqadmin deleteTopic, which then asks the nameservers to drop its route):

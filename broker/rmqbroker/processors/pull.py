@@ -176,7 +176,7 @@ class PullMessageProcessor:
             body = result.body()
             ctx.stats.msgs_out += result.message_count
             ctx.stats.bytes_out += len(body)
-            ctx.stats.got(group, topic, result.message_count)
+            ctx.stats.got(group, topic, result.message_count, len(body))
             return cmd.make_response(code, "FOUND", ext_fields=ext, body=body)
         return cmd.make_response(code, status.name, ext_fields=ext)
 

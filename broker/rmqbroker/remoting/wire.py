@@ -109,6 +109,12 @@ SRC_GROUP = "srcGroup"
 DEST_GROUP = "destGroup"
 OFFLINE = "offline"
 
+# --- VIEW_BROKER_STATS_DATA (ViewBrokerStatsDataRequestHeader) and GET_BROKER_CONSUME_STATS
+# (GetConsumeStatsInBrokerHeader: the field is named isOrder on the wire) ---
+STATS_NAME = "statsName"
+STATS_KEY = "statsKey"
+IS_ORDER = "isOrder"
+
 # --- WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER responses ---
 WIPE_TOPIC_COUNT = "wipeTopicCount"
 ADD_TOPIC_COUNT = "addTopicCount"
