@@ -95,6 +95,11 @@ def test_system_topic_list(cluster: Cluster) -> None:
     # the cluster and broker names, as Java; the address of the first broker, to ask it for its own
     assert sorted(body["topicList"]) == ["ClusterA", "ClusterB", "broker-a", "broker-b"]  # type: ignore[arg-type]
     assert body["brokerAddr"] == c.a.addr
+    # ... which a Java admin client then asks (GET_SYSTEM_TOPIC_LIST_FROM_BROKER), failing if it cannot
+    from_broker = topics(str(body["brokerAddr"]), RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER)
+    assert {"TBW102", "SCHEDULE_TOPIC_XXXX", "OFFSET_MOVED_EVENT", "RMQ_SYS_TRANS_HALF_TOPIC", "ClusterA",
+            "broker-a", "ClusterA_REPLY_TOPIC"} <= from_broker
+    assert not {"OnA", "Shared", "broker-b"} & from_broker
 
 
 def test_system_topic_list_without_brokers(cluster: Cluster) -> None:

@@ -315,6 +315,10 @@ class TopicConfigManager(VersionedTableFile[TopicConfig]):
         with self._lock:
             return list(self._table)
 
+    def system_topic_names(self) -> list[str]:
+        """The fixed system topics and this broker's cluster, broker, reply and trace topics."""
+        return sorted(self._system_topics)
+
     def is_system_topic(self, topic: str) -> bool:
         """System topics of this broker: the fixed set, ``rmq_sys_*`` and the cluster/broker topics."""
         return topic in self._system_topics or topic.startswith(SYSTEM_TOPIC_PREFIX)

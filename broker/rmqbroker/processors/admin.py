@@ -77,6 +77,7 @@ class AdminProcessor:
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
         server.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.get_all_topic_config)
+        server.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER, self.get_system_topic_list)
         server.register(RequestCode.GET_ALL_CONSUMER_OFFSET, self.get_all_consumer_offset)
         server.register(RequestCode.GET_ALL_DELAY_OFFSET, self.get_all_delay_offset)
         server.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.get_all_subscription_groups)
@@ -313,6 +314,12 @@ class AdminProcessor:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
         deleted = self.ctx.store.deleted_topics()
         body = self.ctx.topics.encode(extra={DELETED_TOPICS_KEY: deleted} if deleted else None)
+        return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
+
+    async def get_system_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """TopicList of the system topics: what a Java admin client's getSystemTopicList adds to the
+        nameserver's answer (GET_SYSTEM_TOPIC_LIST_FROM_NS), and fails without."""
+        body = json.dumps({"topicList": self.ctx.topics.system_topic_names()}, separators=(",", ":"))
         return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_all_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
