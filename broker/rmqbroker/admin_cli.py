@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rmqbroker.acl import sign
-from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_keyed
+from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_keyed, loads_with_mq_keys
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG
 from rmqbroker.remoting import wire
@@ -41,12 +41,12 @@ class Admin:
         self.client = RemotingClient()
 
     async def call(self, addr: str, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
-                   ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+                   ok: tuple[int, ...] = (ResponseCode.SUCCESS,), timeout: float = TIMEOUT) -> RemotingCommand:
         fields = dict(ext or {})
         if self.credentials is not None:
             sign(fields, body, *self.credentials)  # for brokers with the plain ACL on
         try:
-            resp = await self.client.invoke(addr, RemotingCommand(code, ext_fields=fields, body=body), TIMEOUT)
+            resp = await self.client.invoke(addr, RemotingCommand(code, ext_fields=fields, body=body), timeout)
         except RemotingError as exc:
             raise AdminError(f"{addr}: {exc}") from exc
         if resp.code not in ok:
@@ -238,6 +238,111 @@ async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
             rows.append([topic, broker, str(qid), str(v["brokerOffset"]), str(v["consumerOffset"]), str(diff),
                          _when(int(v["lastTimestamp"]))])
     return f"{_table(rows)}\n\nConsume TPS: {tps:.2f}\nDiff Total: {total}"
+
+
+async def _broker_stats(admin: Admin, addr: str, name: str, key: str) -> dict[str, Any] | None:
+    """A broker's BrokerStatsData of one stats item; None when it has none (mqadmin skips those)."""
+    try:
+        resp = await admin.call(addr, RequestCode.VIEW_BROKER_STATS_DATA, {wire.STATS_NAME: name, wire.STATS_KEY: key})
+        data = fastjson_loads(bytes(resp.body))
+    except (AdminError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _stat(data: dict[str, Any], window: str, field: str) -> float:
+    value = (data.get(window) or {}).get(field, 0)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _sum_24h(data: dict[str, Any]) -> int:
+    """mqadmin's "24 hour" count: the day window's sum, else the hour's, else the minute's."""
+    return next((int(s) for w in ("statsDay", "statsHour", "statsMinute") if (s := _stat(data, w, "sum"))), 0)
+
+
+async def _topic_diff(admin: Admin, group: str, topic: str, masters: list[str]) -> int:
+    """A group's backlog on a topic over its masters (ConsumeStats.computeTotalDiff, never negative)."""
+    total = 0
+    for addr in masters:
+        try:
+            _, table = await admin.mq_table(addr, RequestCode.GET_CONSUME_STATS,
+                                            {wire.CONSUMER_GROUP: group, wire.TOPIC: topic})
+        except AdminError:
+            continue
+        total += sum(int(v["brokerOffset"]) - int(v["consumerOffset"]) for v in table.values())
+    return max(total, 0)
+
+
+async def _topic_stats_lines(admin: Admin, topic: str, active_only: bool) -> list[str]:
+    """mqadmin statsAll's lines of one topic: a line per consuming group (or NO_CONSUMER)."""
+    route = await admin.route(topic)
+    masters = [b["brokerAddrs"]["0"] for b in route.get("brokerDatas", []) if "0" in b.get("brokerAddrs", {})]
+    _, groups = await _topic_cluster_and_groups(admin, topic, {})
+    in_tps, in_24h = 0.0, 0
+    for addr in masters:
+        if (data := await _broker_stats(admin, addr, "TOPIC_PUT_NUMS", topic)) is not None:
+            in_tps += _stat(data, "statsMinute", "tps")
+            in_24h += _sum_24h(data)
+    name = topic[:64]  # mqadmin's frontStringAtLeast: cut to 64
+    if not groups:
+        if active_only and in_24h <= 0:
+            return []
+        return [f"{name:<64}  {'':<64} {0:>12d} {in_tps:>11.2f} {'':>11} {in_24h:>14d} {'NO_CONSUMER':>14}"]
+    lines = []
+    for group in groups:
+        out_tps, out_24h = 0.0, 0
+        for addr in masters:
+            if (data := await _broker_stats(admin, addr, "GROUP_GET_NUMS", f"{topic}@{group}")) is not None:
+                out_tps += _stat(data, "statsMinute", "tps")
+                out_24h += _sum_24h(data)
+        diff = await _topic_diff(admin, group, topic, masters)
+        if not active_only or in_24h > 0 or out_24h > 0:
+            lines.append(f"{name:<64}  {group[:64]:<64} {diff:>12d} {in_tps:>11.2f} {out_tps:>11.2f} "
+                         f"{in_24h:>14d} {out_24h:>14d}")
+    return lines
+
+
+async def stats_all(admin: Admin, args: argparse.Namespace) -> str:
+    """mqadmin statsAll: per topic and consuming group, the backlog, put and get TPS over the last
+    minute and messages in the last 24 hours (VIEW_BROKER_STATS_DATA on each master), in mqadmin's
+    columns. Retry and DLQ topics are left out; a topic whose figures cannot be read is skipped."""
+    resp = await admin.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+    topics = sorted(fastjson_loads(bytes(resp.body)).get("topicList", []) if resp.body else [])
+    lines = [f"{'#Topic':<64}  {'#Consumer Group':<64} {'#Accumulation':>12} {'#InTPS':>11} {'#OutTPS':>11} "
+             f"{'#InMsg24Hour':>14} {'#OutMsg24Hour':>14}"]
+    for topic in topics:
+        if topic.startswith(("%RETRY%", "%DLQ%")) or (args.topic and topic != args.topic):
+            continue
+        try:
+            lines += await _topic_stats_lines(admin, topic, args.active)
+        except AdminError:
+            continue
+    return "\n".join(lines)
+
+
+async def broker_consume_stats(admin: Admin, args: argparse.Namespace) -> str:
+    """mqadmin brokerConsumeStats: every group's progress on one broker (GET_BROKER_CONSUME_STATS),
+    the queues it has consumed from whose backlog is at least ``-l``, and the broker's total."""
+    resp = await admin.call(args.broker, RequestCode.GET_BROKER_CONSUME_STATS,
+                            {wire.IS_ORDER: str(args.order).lower()}, timeout=args.timeout_millis / 1000)
+    try:
+        doc, queues = loads_with_mq_keys(bytes(resp.body))
+        groups = [(group, list(stats)) for entry in doc.get("consumeStatsList", []) for group, stats in entry.items()]
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise AdminError(f"{args.broker}: unreadable ConsumeStatsList: {exc}") from exc
+    lines = [f"{'#Topic':<64}  {'#Group':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#Broker Offset':<20}  "
+             f"{'#Consumer Offset':<20}  {'#Diff':<20}  #LastTime"]
+    for group, stats_list in groups:
+        for stats in stats_list:
+            table = {queues[int(k)]: v for k, v in stats.get("offsetTable", {}).items()}
+            for (topic, broker, qid), v in sorted(table.items()):
+                diff = int(v["brokerOffset"]) - int(v["consumerOffset"])
+                # As in mqadmin: below the level, or never consumed (no last time), a queue is not shown.
+                if diff < args.level or int(v.get("lastTimestamp", 0)) <= 0:
+                    continue
+                lines.append(f"{topic[:64]:<64}  {group:<64}  {broker[:32]:<32}  {qid:<4d}  {v['brokerOffset']:<20d}  "
+                             f"{v['consumerOffset']:<20d}  {diff:<20d}  {_when(int(v['lastTimestamp']))}")
+    return "\n".join(lines) + f"\n\nDiff Total: {int(doc.get('totalDiff', 0))}"
 
 
 async def _broker_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
@@ -702,6 +807,9 @@ COMMANDS = {
     "updateOrderConf": (update_order_conf, "put, get or delete a topic's order conf (KV namespace "
                         "ORDER_TOPIC_CONFIG; routes carry it with the nameservers' orderMessageEnable)"),
     "getNamesrvConfig": (get_namesrv_config, "every nameserver's config (its start-up options)"),
+    "statsAll": (stats_all, "per topic and consumer group: backlog, put and get TPS, messages in 24 hours"),
+    "brokerConsumeStats": (broker_consume_stats, "every consumer group's progress on one broker, with its "
+                           "total backlog"),
 }
 
 
@@ -800,6 +908,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     o.add_argument("-v", "--orderConf", dest="order_conf", default=None,
                    help="brokerName1:num;brokerName2:num (for put)")
     o.add_argument("-m", "--method", required=True, choices=("put", "get", "delete"))
+    sa = parsers["statsAll"]
+    sa.add_argument("-a", "--activeTopic", dest="active", action="store_true", help="print active topic only")
+    sa.add_argument("-t", "--topic", default=None, help="print select topic only")
+    bc = parsers["brokerConsumeStats"]
+    bc.add_argument("-b", "--brokerAddr", dest="broker", required=True, help="broker address, host:port")
+    bc.add_argument("-t", "--timeoutMillis", dest="timeout_millis", type=int, default=50000,
+                    help="request timeout (ms)")
+    bc.add_argument("-l", "--level", type=int, default=0, help="threshold of print diff")
+    bc.add_argument("-o", "--order", type=_bool, default=False, help="order topics only")
     return p.parse_args(argv)
 
 

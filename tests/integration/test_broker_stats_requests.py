@@ -6,13 +6,16 @@ unknown stats item, and every group's progress in one ConsumeStatsList."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
+import pytest
+
+from rmqbroker.admin_cli import main
+from rmqbroker.metadata.jsonfile import loads_with_mq_keys
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic, poll, rpc, send_raw
+from tests.integration.helpers import create_topic, create_topic_and_wait, poll, rpc, send_raw
 
 TOPIC = "BrokerStatsTopic"
 GROUP = "CG_BROKER_STATS"
@@ -49,16 +52,17 @@ def minute_sum(addr: str, name: str, key: str, want: int) -> dict[str, Any] | No
     return data if data is not None and data["statsMinute"]["sum"] == want else None
 
 
-_MQ_KEY = re.compile(r'\{"brokerName":("[^"]*"),"queueId":(\d+),"topic":("[^"]*")\}:')
-
-
 def consume_stats_list(addr: str, is_order: str = "false") -> dict[str, Any]:
-    """A ConsumeStatsList body, its MessageQueue keys (fastjson's exact form) made "topic/broker/qid"."""
+    """A ConsumeStatsList body with its offset tables keyed "topic/broker/qid"; the parse fails
+    unless every MessageQueue key is in fastjson's form."""
     resp = rpc(addr, RequestCode.GET_BROKER_CONSUME_STATS, {"isOrder": is_order})
     assert resp.code == ResponseCode.SUCCESS, resp
-    text = _MQ_KEY.sub(lambda m: json.dumps(f"{json.loads(m[3])}/{json.loads(m[1])}/{m[2]}") + ":",
-                       bytes(resp.body).decode())
-    doc: dict[str, Any] = json.loads(text)
+    doc, queues = loads_with_mq_keys(bytes(resp.body))
+    for entry in doc["consumeStatsList"]:
+        for group_stats in entry.values():
+            for cs in group_stats:
+                cs["offsetTable"] = {"/".join(map(str, queues[int(k)])): v for k, v in cs["offsetTable"].items()}
+    assert isinstance(doc, dict)
     return doc
 
 
@@ -141,3 +145,48 @@ def test_broker_consume_stats_lists_every_group(cluster: Cluster) -> None:
     resp = rpc(broker.addr, RequestCode.GET_BROKER_CONSUME_STATS, {})
     assert resp.code == ResponseCode.SYSTEM_ERROR and "isOrder" in (resp.remark or ""), resp
 
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return code, out.splitlines()
+
+
+def test_rmq_admin_stats_all_and_broker_consume_stats(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = cluster.namesrv()
+    # A minute window of 6 s: what the commands read stays in it while the test runs.
+    broker = cluster.broker(ns.addr, name="broker-cli", statsSamplingInterval=1000)
+    create_topic_and_wait(broker.addr, ns.addr, TOPIC, queues=2)
+    create_topic_and_wait(broker.addr, ns.addr, "IdleStatsTopic", queues=1)
+    for i in range(N):
+        assert send_raw(broker.addr, TOPIC, f"message {i}".encode()).code == ResponseCode.SUCCESS
+    pull(broker.addr, TOPIC, GROUP)
+    commit(broker.addr, TOPIC, GROUP, 2)
+    poll(lambda: minute_sum(broker.addr, "TOPIC_PUT_NUMS", TOPIC, N), 10, what="TOPIC_PUT_NUMS")
+    poll(lambda: minute_sum(broker.addr, "GROUP_GET_NUMS", f"{TOPIC}@{GROUP}", N), 10, what="GROUP_GET_NUMS")
+
+    _, lines = run_cli(capsys, "statsAll", "-n", ns.addr)
+    assert lines[0].split() == ["#Topic", "#Consumer", "Group", "#Accumulation", "#InTPS", "#OutTPS",
+                                "#InMsg24Hour", "#OutMsg24Hour"]
+    assert lines[0].index("#Consumer Group") == 66  # mqadmin's columns: 64 wide, two spaces
+    rows = {tuple(line.split()[:2]): line.split() for line in lines[1:]}
+    backlog, in_tps, out_tps, in_24h, out_24h = rows[(TOPIC, GROUP)][2:]
+    assert (backlog, in_24h, out_24h) == (str(N - 2), str(N), str(N))
+    assert float(in_tps) > 0 and float(out_tps) > 0
+    assert rows[("IdleStatsTopic", "0")] == ["IdleStatsTopic", "0", "0.00", "0", "NO_CONSUMER"]
+    assert not any(key[0].startswith(("%RETRY%", "%DLQ%")) for key in rows)
+    _, lines = run_cli(capsys, "statsAll", "-n", ns.addr, "-a")  # active topics only
+    assert [line.split()[:2] for line in lines[1:]] == [[TOPIC, GROUP]]
+    _, lines = run_cli(capsys, "statsAll", "-n", ns.addr, "-t", "IdleStatsTopic")
+    assert [line.split()[0] for line in lines[1:]] == ["IdleStatsTopic"]
+
+    _, lines = run_cli(capsys, "brokerConsumeStats", "-n", ns.addr, "-b", broker.addr)
+    assert lines[0].split()[:3] == ["#Topic", "#Group", "#Broker"]
+    # Queue 1 was never consumed (no last time): mqadmin leaves it out.
+    [row] = [line.split() for line in lines[1:] if line.strip() and not line.startswith("Diff")]
+    assert row[:7] == [TOPIC, GROUP, "broker-cli", "0", str(N), "2", str(N - 2)]
+    assert lines[-1] == f"Diff Total: {N - 2}"
+    _, lines = run_cli(capsys, "brokerConsumeStats", "-n", ns.addr, "-b", broker.addr, "-l", str(N))
+    assert [line for line in lines[1:] if line.strip()] == [f"Diff Total: {N - 2}"]  # below the level

@@ -120,10 +120,10 @@ def dumps_mq_keyed(table: str, entries: Iterable[tuple[str, str, int, Any]], **f
     return ("{" + ",".join(sorted(members)) + "}").encode("utf-8")
 
 
-def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
-    """A body whose ``table`` member is keyed by MessageQueue objects: the document, and that table
-    keyed by ``(topic, brokerName, queueId)``. Raises :class:`MetadataFormatError` when a key is not
-    in fastjson's form (whitespace aside)."""
+def loads_with_mq_keys(body: bytes) -> tuple[Any, list[MessageQueue]]:
+    """A document whose maps may be keyed by MessageQueue objects at any depth (ConsumeStatsList
+    nests ConsumeStats): each such key is replaced by the string of its index in the returned list.
+    Raises :class:`MetadataFormatError` when the body is not UTF-8 or not JSON once keys are replaced."""
     queues: list[MessageQueue] = []
 
     def placeholder(m: re.Match[str]) -> str:
@@ -134,7 +134,14 @@ def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[Messag
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MetadataFormatError("not valid UTF-8") from exc
-    doc = fastjson_loads(_MQ_KEY.sub(placeholder, text))
+    return fastjson_loads(_MQ_KEY.sub(placeholder, text)), queues
+
+
+def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
+    """A body whose ``table`` member is keyed by MessageQueue objects: the document, and that table
+    keyed by ``(topic, brokerName, queueId)``. Raises :class:`MetadataFormatError` when a key is not
+    in fastjson's form (whitespace aside)."""
+    doc, queues = loads_with_mq_keys(body)
     if not isinstance(doc, dict) or not isinstance(doc.get(table, {}), dict):
         raise MetadataFormatError(f"no {table} object")
     try:
