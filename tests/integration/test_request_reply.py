@@ -211,20 +211,27 @@ def test_reply_without_its_requester_fails(master: tuple[BrokerProc, str]) -> No
     assert metric_value(broker.metrics(), "rmq_reply_messages_not_pushed_total") >= 4
 
 
-def test_replies_not_stored_without_store_reply_message_enable(cluster: Cluster) -> None:
-    ns = cluster.namesrv()
-    broker = cluster.broker(ns.addr, name="broker-nostore", storeReplyMessageEnable="false")
+def one_reply(addr: str, client_id: str) -> tuple[RemotingCommand, Requester]:
+    """A requester heartbeats as ``client_id``; a responder sends it one reply (b"pong") through
+    ``addr``. The responder's answer, and the requester with what was pushed to it."""
 
     async def scenario() -> tuple[RemotingCommand, Requester]:
-        requester = Requester(broker.addr)
+        requester = Requester(addr)
         await requester.heartbeat()
         responder = RemotingClient()
-        resp = await send_reply(responder, broker.addr, reply_props("c-1"), b"pong")
+        resp = await send_reply(responder, addr, reply_props(client_id), b"pong")
         await responder.close()
         await requester.client.close()
         return resp, requester
 
-    resp, requester = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_replies_not_stored_without_store_reply_message_enable(cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    broker = cluster.broker(ns.addr, name="broker-nostore", storeReplyMessageEnable="false")
+
+    resp, requester = one_reply(broker.addr, "c-1")
     assert resp.code == ResponseCode.SUCCESS
     # RocketMQ's placeholders for a reply it did not store.
     assert (resp.ext_fields["msgId"], resp.ext_fields["queueId"], resp.ext_fields["queueOffset"]) == ("0", "0", "0")
@@ -238,16 +245,7 @@ def test_a_slave_refuses_replies(cluster: Cluster) -> None:
     slave = cluster.broker(ns.addr, name="broker-rpc-ha", broker_id=1, role="SLAVE",
                            haMasterAddress=f"127.0.0.1:{master.port + 1}")
 
-    async def scenario() -> tuple[RemotingCommand, Requester]:
-        requester = Requester(slave.addr)
-        await requester.heartbeat()
-        responder = RemotingClient()
-        resp = await send_reply(responder, slave.addr, reply_props("c-slave"), b"pong")
-        await responder.close()
-        await requester.client.close()
-        return resp, requester
-
-    resp, requester = asyncio.run(scenario())
+    resp, requester = one_reply(slave.addr, "c-slave")
     assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp
     assert requester.pushed == []
     wait_caught_up(master, [slave])

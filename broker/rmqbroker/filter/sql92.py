@@ -235,32 +235,29 @@ def _not(node: _Node) -> _Node:
     return _Node(neg, f"NOT {node.text}", boolean=True)
 
 
-def _and(left: _Node, right: _Node) -> _Node:
+def _logic(left: _Node, right: _Node, word: str) -> _Node:
+    """AND or OR in SQL's three-valued logic: the deciding value (false for AND, true for OR) on
+    either side decides; otherwise an unknown side makes the result unknown."""
     lf, rf = _as_boolean(left).fn, _as_boolean(right).fn
+    decides = word == "OR"
 
-    def both(ctx: Mapping[str, str]) -> Value:
+    def combine(ctx: Mapping[str, str]) -> Value:
         lv = lf(ctx)
-        if lv is False:
-            return False
+        if lv is decides:
+            return decides
         rv = rf(ctx)
-        if rv is False:
-            return False
-        return None if lv is None or rv is None else True
-    return _Node(both, f"({left.text}) AND ({right.text})", boolean=True)
+        if rv is decides:
+            return decides
+        return None if lv is None or rv is None else not decides
+    return _Node(combine, f"({left.text}) {word} ({right.text})", boolean=True)
+
+
+def _and(left: _Node, right: _Node) -> _Node:
+    return _logic(left, right, "AND")
 
 
 def _or(left: _Node, right: _Node) -> _Node:
-    lf, rf = _as_boolean(left).fn, _as_boolean(right).fn
-
-    def either(ctx: Mapping[str, str]) -> Value:
-        lv = lf(ctx)
-        if lv is True:
-            return True
-        rv = rf(ctx)
-        if rv is True:
-            return True
-        return None if lv is None or rv is None else False
-    return _Node(either, f"({left.text}) OR ({right.text})", boolean=True)
+    return _logic(left, right, "OR")
 
 
 def _negate(node: _Node) -> _Node:
