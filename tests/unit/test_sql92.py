@@ -88,3 +88,20 @@ def test_refused_with_a_reason(expression: str, reason: str) -> None:
 def test_deep_nesting_is_refused_not_a_crash() -> None:
     with pytest.raises(FilterParseError, match="nested too deeply"):
         compile_sql92("(" * 5000 + "a > 1" + ")" * 5000)
+
+
+def test_long_selectors_evaluate_within_the_limits_and_beyond_them_are_refused() -> None:
+    """A generated selector of 300 alternatives works; one nested deeper than the evaluation stack
+    allows, or longer than 64 KiB, is refused when compiled, never when a pull evaluates it."""
+    many = " OR ".join(f"a = {i}" for i in range(300))
+    assert compile_sql92(many).matches({"a": "299"}) and not compile_sql92(many).matches({"a": "300"})
+    with pytest.raises(FilterParseError, match="nested more than"):
+        compile_sql92(" OR ".join(f"a = {i}" for i in range(500)))
+    with pytest.raises(FilterParseError, match="nested"):
+        compile_sql92("NOT " * 600 + "a > 1")
+    with pytest.raises(FilterParseError, match="longer than"):
+        compile_sql92("a IN (" + ", ".join(f"'{i:08d}'" for i in range(7000)) + ")")
+    # error messages quote operands, cut short
+    with pytest.raises(FilterParseError) as info:
+        compile_sql92("(" + many + ") > 5")
+    assert len(str(info.value)) < 200

@@ -26,6 +26,9 @@ Value = object  # None, bool, int (Java Integer), JavaLong, float (Java Double) 
 Evaluator = Callable[[Mapping[str, str]], Value]
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+# Limits that keep a hostile or generated selector from costing the broker memory or its stack.
+MAX_EXPRESSION_LENGTH = 65536
+MAX_DEPTH = 400
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -185,6 +188,19 @@ class _Node:
     constant: bool = False
     value: Value = None
     prop: str | None = None
+    depth: int = 1  # of nested evaluations: bounded so that evaluating never exhausts the stack
+
+
+def _composite(fn: Evaluator, text: str, boolean: bool, *children: _Node) -> _Node:
+    depth = 1 + max(c.depth for c in children)
+    if depth > MAX_DEPTH:
+        raise FilterParseError(f"the SQL92 expression is nested more than {MAX_DEPTH} operators deep")
+    return _Node(fn, text, boolean, depth=depth)
+
+
+def _short(text: str) -> str:
+    # Error messages quote operands; a long one is cut so that building them stays linear.
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _java_literal(v: Value) -> str:
@@ -218,7 +234,7 @@ def _as_boolean(node: _Node) -> _Node:
             if v is None:
                 return None
             return v if type(v) is bool else False
-        return _Node(cast, node.text, boolean=True)
+        return _composite(cast, node.text, True, node)
     raise FilterParseError(f"expression will not result in a boolean value: {node.text}")
 
 
@@ -232,7 +248,7 @@ def _not(node: _Node) -> _Node:
         if type(v) is not bool:
             raise FilterEvalError(f"NOT of a non-boolean value {v!r}")
         return not v
-    return _Node(neg, f"NOT {node.text}", boolean=True)
+    return _composite(neg, f"NOT {_short(node.text)}", True, node)
 
 
 def _logic(left: _Node, right: _Node, word: str) -> _Node:
@@ -249,7 +265,7 @@ def _logic(left: _Node, right: _Node, word: str) -> _Node:
         if rv is decides:
             return decides
         return None if lv is None or rv is None else not decides
-    return _Node(combine, f"({left.text}) {word} ({right.text})", boolean=True)
+    return _composite(combine, f"({_short(left.text)}) {word} ({_short(right.text)})", True, left, right)
 
 
 def _and(left: _Node, right: _Node) -> _Node:
@@ -270,7 +286,7 @@ def _negate(node: _Node) -> _Node:
         return None
     if node.constant and type(node.value) in (int, JavaLong, float):
         return _constant(-node.value)  # type: ignore[operator]
-    return _Node(minus, f"-{node.text}", boolean=False)
+    return _composite(minus, f"-{_short(node.text)}", False, node)
 
 
 def _check_orderable(node: _Node) -> None:
@@ -298,7 +314,7 @@ def _ordering(left: _Node, right: _Node, symbol: str, accept: Callable[[int], bo
             # Two strings are ordered only as numbers (RocketMQ refuses string ordering).
             lv, rv = _to_double(lv), _to_double(rv)
         return accept(_compare(lv, rv))
-    return _Node(cmp, f"{left.text} {symbol} {right.text}", boolean=True)
+    return _composite(cmp, f"{_short(left.text)} {symbol} {_short(right.text)}", True, left, right)
 
 
 def _equal_unchecked(left: _Node, right: _Node, text: str) -> _Node:
@@ -314,7 +330,7 @@ def _equal_unchecked(left: _Node, right: _Node, text: str) -> _Node:
         if type(lv) is type(rv) and type(lv) is not float and lv == rv:
             return True
         return _compare(lv, rv) == 0
-    return _Node(eq, text, boolean=True)
+    return _composite(eq, text, True, left, right)
 
 
 def _equal(left: _Node, right: _Node) -> _Node:
@@ -323,11 +339,11 @@ def _equal(left: _Node, right: _Node) -> _Node:
             raise FilterParseError(f"{side.text} cannot be compared: use IS NULL")
     if left.constant and right.constant and left.boolean and not right.boolean:
         raise FilterParseError(f"{left.text} cannot be compared with {right.text}")
-    return _equal_unchecked(left, right, f"{left.text} = {right.text}")
+    return _equal_unchecked(left, right, f"{_short(left.text)} = {_short(right.text)}")
 
 
 def _is_null(node: _Node) -> _Node:
-    return _equal_unchecked(node, _constant(None), f"{node.text} IS NULL")
+    return _equal_unchecked(node, _constant(None), f"{_short(node.text)} IS NULL")
 
 
 def _in(node: _Node, items: list[str], negated: bool) -> _Node:
@@ -342,7 +358,8 @@ def _in(node: _Node, items: list[str], negated: bool) -> _Node:
             return None
         return (v in members) != negated
     words = "NOT IN" if negated else "IN"
-    return _Node(contains, f"{node.text} {words} ({', '.join(_java_literal(i) for i in items)})", boolean=True)
+    listed = _short(", ".join(_java_literal(i) for i in items[:10]))
+    return _composite(contains, f"{node.text} {words} ({listed})", True, node)
 
 
 def _between(value: _Node, low: _Node, high: _Node) -> _Node:
@@ -532,6 +549,8 @@ def compile_sql92(expression: str) -> Selector:
     """Compile a selector; raises :class:`FilterParseError` with the reason (cached, like RocketMQ's parser)."""
     if not expression or not expression.strip():
         raise FilterParseError("the SQL92 expression is empty")
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise FilterParseError(f"the SQL92 expression is longer than {MAX_EXPRESSION_LENGTH} characters")
     try:
         return Selector(expression, _Parser(expression).parse().fn)
     except RecursionError as exc:
