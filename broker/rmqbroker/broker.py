@@ -25,6 +25,7 @@ from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.acl_admin import AclAdminProcessor
 from rmqbroker.processors.admin import AdminProcessor
+from rmqbroker.processors.admin_client_ops import AdminClientOpsProcessor
 from rmqbroker.processors.client_manage import ClientManageProcessor, make_notifier
 from rmqbroker.processors.clients import ClientManager
 from rmqbroker.processors.context import BrokerContext
@@ -120,6 +121,7 @@ class Broker:
                                                lambda: not self.ctx.is_slave, settings.statsSamplingInterval)
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx, cleaner=self.cleaner, broker_stats=self.broker_stats),
+                     AdminClientOpsProcessor(self.ctx),
                      QueryMessageProcessor(self.ctx),
                      self.transactions, self.reply):
             proc.register(self.server)

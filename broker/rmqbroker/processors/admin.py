@@ -23,19 +23,18 @@ from rmqbroker.metadata.topics import (
     is_topic_or_group_illegal,
     validate_topic,
 )
+from rmqbroker.processors.broker2client import Broker2Client
 from rmqbroker.processors.context import BrokerContext
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
-from rmqbroker.remoting.server import Connection, PeerRequestError, RemotingServer
+from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 from rmqbroker.store.retention import CleanService
 
 log = logging.getLogger(__name__)
 
 BROKER_VERSION_DESC = "V4_9_8"
-# How long a consumer may take to describe itself (RocketMQ's Broker2Client.callClient waits 10 s).
-CALL_CONSUMER_TIMEOUT_S = 10.0
 GROUP_MAX_LENGTH = 255
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
@@ -73,6 +72,7 @@ class AdminProcessor:
         self._runtime_info = runtime_info
         self._cleaner = cleaner
         self._broker_stats = broker_stats
+        self.b2c = Broker2Client(ctx.clients)
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
@@ -359,24 +359,15 @@ class AdminProcessor:
                 else store.get_offset_in_queue_by_time(topic, qid, timestamp)
             target = max(target, 0)
             table[qid] = target if force or target < current else current
-        info = ctx.clients.consumers.get(group)
-        if info is None or not info.channels:
+        if not self.b2c.group_channels(group):
             return cmd.make_response(ResponseCode.CONSUMER_NOT_ONLINE, "Consumer not online, so can not reset "
                                      f"offset, Group: {group} Topic: {topic} Timestamp: {timestamp}")
-        broker = ctx.settings.brokerName
         for qid, offset in table.items():
             # Committed here too: a member that joins before the others persist theirs starts right.
             ctx.offsets.commit(group, topic, qid, offset, "reset-offset")
-        java_body = dumps_mq_keyed("offsetTable", [(broker, topic, qid, off) for qid, off in sorted(table.items())])
-        cpp_body = json.dumps({"offsetTable": [{"brokerName": broker, "queueId": qid, "topic": topic, "offset": off}
-                                               for qid, off in table.items()]}, separators=(",", ":")).encode()
-        ext = {wire.TOPIC: topic, wire.GROUP: group, wire.TIMESTAMP: str(timestamp), wire.IS_FORCE: str(force).lower()}
-        for channel in list(info.channels.values()):
-            # The C++ client reads ResetOffsetBodyForC (a list); Java clients a MessageQueue-keyed map.
-            channel.conn.send_oneway(RemotingCommand(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, ext_fields=dict(ext),
-                                                     body=cpp_body if channel.language == "CPP" else java_body))
+        java_body, told = self.b2c.reset_offset(group, topic, ctx.settings.brokerName, timestamp, force, table)
         log.info("reset offsets of group %s on %s to %s (timestamp %d, force %s) for %d client(s)", group, topic,
-                 table, timestamp, force, len(info.channels))
+                 table, timestamp, force, told)
         return cmd.make_response(ResponseCode.SUCCESS, body=java_body)
 
     async def topic_consumed_by_who(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -420,17 +411,8 @@ class AdminProcessor:
         h = Header(cmd.ext_fields)
         group = h.req_str(wire.CONSUMER_GROUP)
         client_id = h.req_str(wire.RUNNING_INFO_CLIENT_ID)
-        info = self.ctx.clients.consumers.get(group)
-        channel = next((ch for ch in (info.channels.values() if info else ()) if ch.client_id == client_id), None)
-        if channel is None:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
-        ask = RemotingCommand(RequestCode.GET_CONSUMER_RUNNING_INFO, ext_fields=dict(cmd.ext_fields), body=cmd.body)
-        try:
-            answer = await channel.conn.invoke(ask, CALL_CONSUMER_TIMEOUT_S)
-        except PeerRequestError as exc:
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"invoke consumer <{group}> <{client_id}> "
-                                                                f"Exception: {exc}")
-        return cmd.make_response(answer.code, answer.remark, ext_fields=dict(answer.ext_fields), body=answer.body)
+        answer = await self.b2c.call_consumer(RequestCode.GET_CONSUMER_RUNNING_INFO, cmd, group, client_id)
+        return answer.respond_to(cmd)
 
     async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin getBrokerConfig: every setting in broker.conf format (secrets masked). The

@@ -37,7 +37,8 @@ def _connection_set(channels: Iterable[ClientChannel]) -> list[dict[str, Any]]:
              "version": ch.version} for ch in sorted(channels, key=lambda c: (c.client_id, c.conn.remote_addr))]
 
 
-def _subscription_json(sd: SubscriptionData) -> dict[str, Any]:
+def subscription_json(sd: SubscriptionData) -> dict[str, Any]:
+    """A SubscriptionData as Java's fastjson writes it."""
     return {"classFilterMode": False, "codeSet": sorted(sd.codes), "expressionType": sd.expression_type,
             "subString": sd.sub_string, "subVersion": sd.sub_version, "tagsSet": sorted(sd.tags), "topic": sd.topic}
 
@@ -192,7 +193,7 @@ class ClientManageProcessor:
             return cmd.make_response(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
         body = {
             "connectionSet": _connection_set(info.channels.values()),
-            "subscriptionTable": {topic: _subscription_json(sd) for topic, sd in sorted(info.subscriptions.items())},
+            "subscriptionTable": {topic: subscription_json(sd) for topic, sd in sorted(info.subscriptions.items())},
             "consumeType": _name(CONSUME_TYPES, info.consume_type),
             "messageModel": _name(MESSAGE_MODELS, info.message_model),
             "consumeFromWhere": _name(CONSUME_FROM, info.consume_from_where),

@@ -17,6 +17,13 @@ EndTransactionProcessor and TransactionalMessageCheckService).
   topics, so a restarted broker, or a promoted slave (which syncs consumer offsets), carries on.
   Unlike RocketMQ, a checked half is not written again at the end of the half queue; its check
   count is kept in memory, so a restart at most checks a half again.
+* **RESUME_CHECK_HALF_MESSAGE (323).** An admin names a half by its offset message id; it is stored
+  again at the end of the half queue with ``TRANSACTION_CHECK_TIMES`` 0, as RocketMQ does. The copy is
+  a new half (new queue offset, store time now), so the check asks about it after
+  ``transactionTimeOut`` with a fresh count of ``transactionCheckMax``, and END_TRANSACTION settles
+  it. RocketMQ puts back whatever record the id names; here it must be a half the check has given
+  up: one the walk has not passed yet is still being checked, and one already committed or rolled
+  back would be committed a second time, so both are refused with a remark.
 
 Everything here goes through the commitlog, so slaves replicate halves, ops and commits.
 """
@@ -31,11 +38,11 @@ from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
-from rmqbroker.remoting.wire import Header
+from rmqbroker.remoting.wire import BadRequestError, Header
 from rmqbroker.store import record as rec
-from rmqbroker.store.errors import CorruptRecordError
+from rmqbroker.store.errors import CorruptRecordError, MessageIdError
 from rmqbroker.store.message_store import GetMessageStatus, MessageInner, PutMessageStatus
-from rmqbroker.store.record import MessageRecord, decode_record, encode_record, offset_msg_id
+from rmqbroker.store.record import MessageRecord, decode_offset_msg_id, decode_record, encode_record, offset_msg_id
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,9 @@ REMOVE_TAG = "d"
 CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 _READ_BATCH = 32
 _PERM_RW = 6
+PUT_BACK_FAILED = f"Put message back to {HALF_TOPIC} failed."
+# How far before a half's store time its op may have been stored (clocks are not strictly monotonic).
+_OP_CLOCK_MARGIN_MS = 1000
 
 
 def is_half(props: dict[str, str], reconsume_times: int) -> bool:
@@ -97,6 +107,7 @@ class TransactionService:
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.END_TRANSACTION, self.end_transaction)
+        server.register(RequestCode.RESUME_CHECK_HALF_MESSAGE, self.resume_check_half_message)
 
     # -- the half message ---------------------------------------------------------------------
     def to_half(self, topic: str, queue_id: int, props: dict[str, str]) -> tuple[str, int]:
@@ -180,6 +191,52 @@ class TransactionService:
         if status is PutMessageStatus.PUT_OK:
             self._settled_set.add(half.queue_offset)
         return status
+
+    # -- RESUME_CHECK_HALF_MESSAGE ------------------------------------------------------------
+    async def resume_check_half_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """Put a given-up half back at the end of the half queue, so the check asks about it again
+        (see the module docstring for how this maps RocketMQ's re-put)."""
+        msg_id = Header(cmd.ext_fields).req_str(wire.MSG_ID)
+        try:
+            _ip, _port, phy = decode_offset_msg_id(msg_id)
+        except MessageIdError as exc:
+            raise BadRequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from exc
+        if self.ctx.is_slave:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, PUT_BACK_FAILED)
+        raw = self.ctx.store.look_message_by_offset(phy)
+        if raw is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset msg id {msg_id}")
+        half = self._half_at_phy(phy)
+        if half is None:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the message {msg_id} is not a half message of "
+                                                                f"{HALF_TOPIC}")
+        if half.queue_offset >= self._unsettled_from(HALF_TOPIC):
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the half message {msg_id} is still being checked")
+        if self._is_settled(half):
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the transaction of half message {msg_id} is "
+                                                                "already committed or rolled back")
+        props = dict(half.properties)
+        props[rec.TRANSACTION_CHECK_TIMES] = "0"
+        copy = MessageInner(HALF_TOPIC, 0, half.flag, half.body, props, half.sys_flag, half.born_timestamp,
+                            half.born_host, half.reconsume_times)
+        result = self.ctx.store.append_message(copy)
+        if result.status is not PutMessageStatus.PUT_OK:
+            log.error("Put message back to %s failed: %s", HALF_TOPIC, result.status)
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, PUT_BACK_FAILED)
+        log.info("Put message back to %s. real topic=%s (half %s at queue offset %d, now at %d)", HALF_TOPIC,
+                 half.properties.get(rec.REAL_TOPIC), msg_id, half.queue_offset, result.queue_offset)
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    def _is_settled(self, half: MessageRecord) -> bool:
+        """Whether an op settles ``half``: ops are stored after their half, so the op queue is read
+        from the half's store time on."""
+        if half.queue_offset in self._settled_set:
+            return True
+        store = self.ctx.store
+        end = store.get_max_offset_in_queue(OP_TOPIC, 0)
+        near = store.get_offset_in_queue_by_time(OP_TOPIC, 0, half.store_timestamp - _OP_CLOCK_MARGIN_MS)
+        start = max(store.get_min_offset_in_queue(OP_TOPIC, 0), near - 1)
+        return any(_op_half_offset(op) == half.queue_offset for op in self._read(OP_TOPIC, start, end))
 
     # -- reading the two queues ---------------------------------------------------------------
     def _read(self, topic: str, start: int, end: int) -> list[MessageRecord]:

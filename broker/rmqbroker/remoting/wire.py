@@ -104,6 +104,18 @@ IS_FORCE = "isForce"
 RUNNING_INFO_CLIENT_ID = "clientId"
 JSTACK_ENABLE = "jstackEnable"
 
+# --- INVOKE_BROKER_TO_GET_CONSUMER_STATUS / GET_CONSUMER_STATUS_FROM_CLIENT (GetConsumerStatusRequestHeader;
+# topic and group above) ---
+CLIENT_ADDR = "clientAddr"
+
+# --- QUERY_CORRECTION_OFFSET (QueryCorrectionOffsetHeader: filterGroups is comma-separated) ---
+COMPARE_GROUP = "compareGroup"
+FILTER_GROUPS = "filterGroups"
+
+# --- QUERY_CONSUME_QUEUE (QueryConsumeQueueRequestHeader; topic, queueId, consumerGroup above) ---
+INDEX = "index"
+COUNT = "count"
+
 # --- CLONE_GROUP_OFFSET (CloneGroupOffsetRequestHeader) ---
 SRC_GROUP = "srcGroup"
 DEST_GROUP = "destGroup"
