@@ -752,7 +752,12 @@ async def query_msg_by_unique_key(admin: Admin, args: argparse.Namespace) -> str
 
 
 async def query_msg_by_id(admin: Admin, args: argparse.Namespace) -> str:
-    """By the broker's offset message id (SendResult.offsetMsgId): its store address and offset."""
+    """By the broker's offset message id (SendResult.offsetMsgId): its store address and offset.
+    With ``-g`` and ``-d``, as mqadmin: each id (comma-separated) goes to that consumer, which
+    consumes it again (CONSUME_MESSAGE_DIRECTLY, relayed by the message's broker)."""
+    if args.group and args.client_id:
+        ids = [i.strip() for i in args.msg_id.split(",") if i.strip()]
+        return "\n".join([await _consume_directly(admin, args.group, args.client_id, i) for i in ids])
     try:
         ip, port, phy = decode_offset_msg_id(args.msg_id)
     except MessageIdError as exc:
@@ -764,6 +769,91 @@ async def query_msg_by_id(admin: Admin, args: argparse.Namespace) -> str:
     except CorruptRecordError as exc:
         raise AdminError(f"{addr}: unreadable VIEW_MESSAGE_BY_ID body: {exc}") from exc
     return _describe(rec, args.msg_id)
+
+
+def _java(value: Any) -> str:
+    """A value as Java's string concatenation prints it."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+async def _consume_directly(admin: Admin, group: str, client_id: str, msg_id: str) -> str:
+    """ConsumeMessageDirectlyResult.toString of one message pushed to one consumer."""
+    try:
+        ip, port, _phy = decode_offset_msg_id(msg_id)
+    except MessageIdError as exc:
+        raise AdminError(str(exc)) from exc
+    # mqadmin waits three times its timeout: the consumer consumes before it answers.
+    resp = await admin.call(f"{ip}:{port}", RequestCode.CONSUME_MESSAGE_DIRECTLY, {
+        wire.CONSUMER_GROUP: group, wire.RUNNING_INFO_CLIENT_ID: client_id, wire.MSG_ID: msg_id},
+        timeout=TIMEOUT * 3)
+    try:
+        r = fastjson_loads(bytes(resp.body))
+    except ValueError as exc:
+        raise AdminError(f"{ip}:{port}: unreadable ConsumeMessageDirectlyResult: {exc}") from exc
+    return (f"ConsumeMessageDirectlyResult [order={_java(r.get('order', False))}, "
+            f"autoCommit={_java(r.get('autoCommit', True))}, consumeResult={_java(r.get('consumeResult'))}, "
+            f"remark={_java(r.get('remark'))}, spentTimeMills={_java(r.get('spentTimeMills', 0))}]")
+
+
+async def _first_broker(admin: Admin, topic: str, master: bool) -> str:
+    """The first broker of a topic's route, as mqadmin picks it: its master (``master``), else the
+    address a read goes to."""
+    datas = (await admin.route(topic)).get("brokerDatas") or []
+    addrs = datas[0].get("brokerAddrs", {}) if datas else {}
+    addr = addrs.get("0") if master else _read_addr(addrs)
+    if not addr:
+        raise AdminError(f"No topic route data of {topic}!")
+    return str(addr)
+
+
+async def get_consumer_status(admin: Admin, args: argparse.Namespace) -> str:
+    """Each member's offsets as it holds them (INVOKE_BROKER_TO_GET_CONSUMER_STATUS on the first broker
+    of the topic's route, which asks the members)."""
+    origin = args.client_id or ""
+    addr = await _first_broker(admin, args.topic, master=False)
+    resp = await admin.call(addr, RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, {
+        wire.TOPIC: args.topic, wire.GROUP: args.group, wire.CLIENT_ADDR: origin})
+    try:
+        doc, queues = loads_with_mq_keys(bytes(resp.body))
+    except ValueError as exc:
+        raise AdminError(f"{addr}: unreadable GetConsumerStatusBody: {exc}") from exc
+    out = [f"get consumer status from client. group={args.group}, topic={args.topic}, originClientId={origin}",
+           f"{'#clientId':<50}  {'#brokerName':<15}  {'#queueId':<15}  {'#offset':<20}".rstrip()]
+    for client_id, table in sorted((doc.get("consumerTable") or {}).items()):
+        for (_topic, broker, qid), offset in sorted((queues[int(k)], v) for k, v in (table or {}).items()):
+            out.append(f"{client_id:<50}  {broker:<15}  {qid:<15}  {offset:<20}".rstrip())
+    return "\n".join(out)
+
+
+def _cq_unit(unit: dict[str, Any]) -> str:
+    return (f"ConsumeQueueData{{physicOffset={unit.get('physicOffset')}, physicSize={unit.get('physicSize')}, "
+            f"tagsCode={unit.get('tagsCode')}, extendDataJson='{_java(unit.get('extendDataJson'))}', "
+            f"bitMap='{_java(unit.get('bitMap'))}', eval={_java(unit.get('eval', False))}, "
+            f"msg='{_java(unit.get('msg'))}'}}")
+
+
+async def query_cq(admin: Admin, args: argparse.Namespace) -> str:
+    """Consume-queue units from an index (QUERY_CONSUME_QUEUE), printed as mqadmin queryCq prints them."""
+    addr = args.broker or await _first_broker(admin, args.topic, master=True)
+    ext = {wire.TOPIC: args.topic, wire.QUEUE_ID: str(args.queue), wire.INDEX: str(args.index),
+           wire.COUNT: str(args.count), **({wire.CONSUMER_GROUP: args.group} if args.group else {})}
+    resp = await admin.call(addr, RequestCode.QUERY_CONSUME_QUEUE, ext)
+    if not resp.body:
+        raise AdminError(f"{addr}: {resp.remark or 'no consume queue data'}")
+    try:
+        body = fastjson_loads(bytes(resp.body))
+    except ValueError as exc:
+        raise AdminError(f"{addr}: unreadable QueryConsumeQueueResponseBody: {exc}") from exc
+    line = "======================================"
+    out = []
+    if body.get("subscriptionData") is not None:
+        out += ["Subscription data: ", json.dumps(body["subscriptionData"], indent="\t", sort_keys=True), line]
+    if body.get("filterData") is not None:
+        out += ["Filter data: ", str(body["filterData"]), line]
+    out += ["Queue data: ", f"max: {body.get('maxQueueIndex')}, min: {body.get('minQueueIndex')}", line]
+    for i, unit in enumerate(body.get("queueData") or [], start=args.index):
+        out += [f"idx: {i}", _cq_unit(unit), line]
+    return "\n".join(out)
 
 
 COMMANDS = {
@@ -780,7 +870,8 @@ COMMANDS = {
                        "queue offsets start again at 0)"),
     "cleanUnusedTopic": (clean_unused_topic, "remove the consume queues of topics a broker has no config for"),
     "queryMsgByKey": (query_msg_by_key, "the messages of a topic with a key (KEYS), from the brokers' index"),
-    "queryMsgById": (query_msg_by_id, "one message by the broker's offset message id (SendResult.offsetMsgId)"),
+    "queryMsgById": (query_msg_by_id, "one message by the broker's offset message id (SendResult.offsetMsgId); "
+                     "with -g and -d a consumer consumes it again"),
     "queryMsgByUniqueKey": (query_msg_by_unique_key, "one message by the client's message id (UNIQ_KEY)"),
     "brokerStatus": (broker_status, "a broker's runtime figures (offsets, disk use, role), or every broker's of a "
                      "cluster"),
@@ -808,6 +899,9 @@ COMMANDS = {
                         "ORDER_TOPIC_CONFIG; routes carry it with the nameservers' orderMessageEnable)"),
     "getNamesrvConfig": (get_namesrv_config, "every nameserver's config (its start-up options)"),
     "statsAll": (stats_all, "per topic and consumer group: backlog, put and get TPS, messages in 24 hours"),
+    "getConsumerStatus": (get_consumer_status, "each member of a consumer group reports its offsets on a topic "
+                          "(asked through a broker)"),
+    "queryCq": (query_cq, "consume-queue units of a queue from an index (commitlog offset, size, tags code)"),
     "brokerConsumeStats": (broker_consume_stats, "every consumer group's progress on one broker, with its "
                            "total backlog"),
 }
@@ -863,7 +957,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     q.add_argument("-k", "--msgKey", dest="key", required=True)
     q.add_argument("-b", "--beginTimestamp", dest="begin", type=int, default=0, help="store time from (ms)")
     q.add_argument("-e", "--endTimestamp", dest="end", type=int, default=None, help="store time to (ms; default now)")
-    parsers["queryMsgById"].add_argument("-i", "--msgId", dest="msg_id", required=True)
+    qi = parsers["queryMsgById"]
+    qi.add_argument("-i", "--msgId", dest="msg_id", required=True)
+    qi.add_argument("-g", "--consumerGroup", dest="group", default=None, help="with -d: have this consumer consume it")
+    qi.add_argument("-d", "--clientId", dest="client_id", default=None, help="the consumer's client id")
+    gs = parsers["getConsumerStatus"]
+    gs.add_argument("-g", "--group", required=True, help="the consumer group")
+    gs.add_argument("-t", "--topic", required=True)
+    gs.add_argument("-i", "--originClientId", dest="client_id", default=None, help="one member (default: every one)")
+    cq = parsers["queryCq"]
+    cq.add_argument("-t", "--topic", required=True)
+    cq.add_argument("-q", "--queue", type=int, required=True, help="queue id")
+    cq.add_argument("-i", "--index", type=int, required=True, help="start queue index")
+    cq.add_argument("-c", "--count", type=int, default=10, help="how many (default 10)")
+    cq.add_argument("-b", "--broker", default=None, help="broker address (default: the route's first master)")
+    cq.add_argument("-g", "--consumer", dest="group", default=None, help="consumer group (adds its subscription)")
     for name in ("consumerConnection", "consumerStatus"):
         c = parsers[name]
         c.add_argument("-g", "--consumerGroup", dest="group", required=True)
