@@ -48,7 +48,10 @@ ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, 25, RequestCode.DE
                          RequestCode.CLONE_GROUP_OFFSET, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
                          RequestCode.CLEAN_UNUSED_TOPIC, RequestCode.UPDATE_AND_CREATE_ACL_CONFIG,
                          RequestCode.DELETE_ACL_CONFIG, RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG,
-                         RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG})
+                         RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG,
+                         # Stricter than RocketMQ 4.9: one makes a consumer consume a message again,
+                         # the other puts a transaction half back to be checked.
+                         RequestCode.CONSUME_MESSAGE_DIRECTLY, RequestCode.RESUME_CHECK_HALF_MESSAGE})
 _UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY})
 MIN_KEY_LENGTH = 6
 # plain_acl.yml keys (RocketMQ's file format).
