@@ -157,7 +157,10 @@ class BrokerProc(Proc):
         base = free_port_block(4)  # VIP channel, (unused), listen, HA: listenPort - 2 is the VIP default
         self.port = base + 2
         self.fast_port = base
+        # Nothing reserves the block until the broker binds it, so the admin port is picked outside it.
         self.admin_port = free_port()
+        while base <= self.admin_port < base + 4:
+            self.admin_port = free_port()
         self.token = token
         self.store_dir = workdir / f"store-{name}-{broker_id}"
         self.conf: dict[str, Any] = {
