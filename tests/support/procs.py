@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -34,6 +35,9 @@ _EPHEMERAL = _ephemeral_range()
 _PICK_LOW = 10000
 _PICK_HIGH = _EPHEMERAL[0] if _EPHEMERAL[0] - _PICK_LOW >= 2000 else 65535
 _rng = random.Random()
+# The ports handed out last (set for lookups, deque for their order).
+_recent: set[int] = set()
+_recent_order: collections.deque[int] = collections.deque()
 
 
 def _bindable(ports: range) -> bool:
@@ -59,8 +63,15 @@ def free_port_block(n: int) -> int:
         base = _rng.randrange(_PICK_LOW, _PICK_HIGH - n)
         if _PICK_HIGH == 65535 and base + n > low and base <= high:
             continue  # no room below the ephemeral range: at least stay out of it
-        if _bindable(range(base, base + n)):
-            return base
+        ports = range(base, base + n)
+        # Nothing reserves a port until its process binds it: never hand one out twice in a row.
+        if not _recent.isdisjoint(ports) or not _bindable(ports):
+            continue
+        _recent.update(ports)
+        _recent_order.extend(ports)
+        while len(_recent_order) > 1024:
+            _recent.discard(_recent_order.popleft())
+        return base
     raise RuntimeError(f"no block of {n} free ports in [{_PICK_LOW}, {_PICK_HIGH})")
 
 
@@ -157,10 +168,7 @@ class BrokerProc(Proc):
         base = free_port_block(4)  # VIP channel, (unused), listen, HA: listenPort - 2 is the VIP default
         self.port = base + 2
         self.fast_port = base
-        # Nothing reserves the block until the broker binds it, so the admin port is picked outside it.
         self.admin_port = free_port()
-        while base <= self.admin_port < base + 4:
-            self.admin_port = free_port()
         self.token = token
         self.store_dir = workdir / f"store-{name}-{broker_id}"
         self.conf: dict[str, Any] = {
