@@ -38,11 +38,12 @@ ANY = 2
 PUB = 4
 SUB = 8
 _PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
-# Request codes only an admin account may send (Permission.ADMIN_CODE; 25 is UPDATE_BROKER_CONFIG).
+# Request codes only an admin account may send (Permission.ADMIN_CODE).
 # DELETE_EXPIRED_COMMITLOG, CLEAN_EXPIRED_CONSUMEQUEUE and CLEAN_UNUSED_TOPIC delete data, and
 # INVOKE_BROKER_TO_RESET_OFFSET and CLONE_GROUP_OFFSET set a group's offsets, and 50, 51, 53 and 54
 # change or show the ACL itself, so they are admin-only here although 4.9 lets any account send them.
-ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, 25, RequestCode.DELETE_TOPIC_IN_BROKER,
+ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG,
+                         RequestCode.DELETE_TOPIC_IN_BROKER,
                          RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                          RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                          RequestCode.CLONE_GROUP_OFFSET, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,

@@ -435,6 +435,29 @@ async def get_broker_config(admin: Admin, args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+async def update_broker_config(admin: Admin, args: argparse.Namespace) -> str:
+    """mqadmin updateBrokerConfig: one broker (``-b``), or every master of a cluster (``-c``; mqadmin
+    leaves the slaves out too). The broker's remark (what applies now, what after a restart) follows
+    mqadmin's success line; with ``-c`` a failing broker does not stop the others."""
+    key, value = args.key.strip(), args.value.strip()
+    body = f"{key}={value}\n".encode()
+    addrs = [addr for _name, addr in sorted((await admin.targets(args)).items())]
+    out: list[str] = []
+    failed: list[str] = []
+    for addr in addrs:
+        try:
+            resp = await admin.call(addr, RequestCode.UPDATE_BROKER_CONFIG, body=body)
+        except AdminError as exc:
+            failed.append(f"update broker config failed, {exc}")
+            continue
+        out.append(f"update broker config success, {addr}")
+        if resp.remark:
+            out.append(f"  {resp.remark}")
+    if failed:
+        raise AdminError("\n".join(out + failed))
+    return "\n".join(out)
+
+
 async def topic_list(admin: Admin, args: argparse.Namespace) -> str:
     resp = await admin.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
     topics = sorted(fastjson_loads(bytes(resp.body)).get("topicList", []) if resp.body else [])
@@ -876,6 +899,8 @@ COMMANDS = {
     "brokerStatus": (broker_status, "a broker's runtime figures (offsets, disk use, role), or every broker's of a "
                      "cluster"),
     "getBrokerConfig": (get_broker_config, "a broker's settings (secrets masked), or every broker's of a cluster"),
+    "updateBrokerConfig": (update_broker_config, "change a setting of a broker, or of every master of a cluster "
+                           "(live keys at once; saved to broker.conf)"),
     "topicList": (topic_list, "every topic the nameserver routes; with -c each one's cluster and consumer groups"),
     "topicRoute": (topic_route, "a topic's route: its brokers and queues"),
     "consumerConnection": (consumer_connection, "a consumer group's connected clients and subscriptions"),
@@ -919,7 +944,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
-    for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup"), "every master of this cluster"),
+    for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup", "updateBrokerConfig"),
+                         "every master of this cluster"),
                         (("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic", "brokerStatus",
                           "getBrokerConfig", "updateAclConfig", "deleteAccessConfig", "updateGlobalWhiteAddr",
                           "clusterAclConfigVersion", "getAclConfig"),
@@ -1011,6 +1037,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         kv.add_argument("-s", "--namespace", required=True)
         kv.add_argument("-k", "--key", required=True)
     parsers["updateKvConfig"].add_argument("-v", "--value", required=True)
+    ub = parsers["updateBrokerConfig"]
+    ub.add_argument("-k", "--key", required=True, help="config key (a broker.conf key)")
+    ub.add_argument("-v", "--value", required=True, help="config value")
     o = parsers["updateOrderConf"]
     o.add_argument("-t", "--topic", required=True)
     o.add_argument("-v", "--orderConf", dest="order_conf", default=None,

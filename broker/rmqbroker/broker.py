@@ -15,17 +15,18 @@ from rmqbroker.acl import AclConfigError, AclFileWatcher, PlainAcl, guard
 from rmqbroker.admin.http import AdminServer, json_error, json_response, load_or_create_token, read_json_object
 from rmqbroker.admin.metrics import LabeledGauge, build_registry
 from rmqbroker.broker_stats import BrokerStatsManager
-from rmqbroker.config import BrokerSettings, ConfigError
+from rmqbroker.config import BrokerSettings, ConfigError, SettingsOrigin
 from rmqbroker.ha.controller import ReplicationController, RoleChangeError
 from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, split_offset_key
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
-from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
+from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager, perm_readable, perm_writeable
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.acl_admin import AclAdminProcessor
 from rmqbroker.processors.admin import AdminProcessor
 from rmqbroker.processors.admin_client_ops import AdminClientOpsProcessor
+from rmqbroker.processors.broker_config import REGISTER_TIMEOUT_S, BrokerConfigProcessor
 from rmqbroker.processors.client_manage import ClientManageProcessor, make_notifier
 from rmqbroker.processors.clients import ClientManager
 from rmqbroker.processors.context import BrokerContext
@@ -89,8 +90,7 @@ def retention_config(s: BrokerSettings) -> RetentionConfig:
 class Broker:
     """One broker process's parts and their lifecycle."""
 
-    def __init__(self, settings: BrokerSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: BrokerSettings, origin: SettingsOrigin | None = None) -> None:
         config_dir = settings.store_root / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
         self.store = MessageStore(store_config(settings))
@@ -106,12 +106,12 @@ class Broker:
             cfg = self.groups.get(group)
             return cfg is None or cfg.notify_consumer_ids_changed_enable
 
-        self.clients = ClientManager(make_notifier(settings.notifyConsumerIdsChangedEnable, group_notify_enabled))
+        self.clients = ClientManager(make_notifier(lambda: self.settings.notifyConsumerIdsChangedEnable,
+                                                   group_notify_enabled))
         self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
                                  self.clients, register_now=self.request_register)
         self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker")
-        self.transactions = TransactionService(self.ctx, timeout_ms=settings.transactionTimeOut,
-                                               check_max=settings.transactionCheckMax)
+        self.transactions = TransactionService(self.ctx)
         self.send = SendMessageProcessor(
             self.ctx, None if settings.rejectTransactionMessage else self.transactions)
         self.pull = PullMessageProcessor(self.ctx)
@@ -122,6 +122,7 @@ class Broker:
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
                      AdminProcessor(self.ctx, cleaner=self.cleaner, broker_stats=self.broker_stats),
                      AdminClientOpsProcessor(self.ctx),
+                     BrokerConfigProcessor(self.ctx, origin, self._settings_applied),
                      QueryMessageProcessor(self.ctx),
                      self.transactions, self.reply):
             proc.register(self.server)
@@ -169,6 +170,27 @@ class Broker:
             # Read-only views for replica verification (rmqbroker.verify).
             self.admin.add_route("GET", "/consumequeue", self._http_consume_queue)
             self.admin.add_route("GET", "/metadata", self._http_metadata)
+
+    @property
+    def settings(self) -> BrokerSettings:
+        """The current settings (UPDATE_BROKER_CONFIG replaces the context's object)."""
+        return self.ctx.settings
+
+    async def _settings_applied(self, old: BrokerSettings, new: BrokerSettings) -> None:
+        """Pushes a run-time settings change to the parts that do not read ``ctx.settings`` themselves."""
+        retention = retention_config(new)
+        if retention != self.cleaner.config:
+            self.cleaner.config = retention  # read at the start of each round
+        if new.brokerPermission != old.brokerPermission:
+            # As Java: a new table version so the nameservers take it, and registered at once so routes
+            # show the new permission before the answer goes back.
+            self.topics.next_data_version()
+            try:
+                await asyncio.wait_for(self.register_all(), REGISTER_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("re-registration after the brokerPermission change timed out; the registration "
+                            "loop retries")
+                self.request_register()
 
     # -- metrics/status --
     def _gauges(self) -> dict[str, float]:
@@ -232,6 +254,7 @@ class Broker:
             "brokerName": s.brokerName,
             "brokerId": self.ctx.broker_id,
             "role": self.ctx.role,
+            "brokerPermission": s.brokerPermission,
             "brokerAddr": s.broker_addr,
             "haServerAddr": s.ha_server_addr,
             "maxPhyOffset": self.store.max_phy_offset(),
@@ -265,10 +288,16 @@ class Broker:
         s = self.settings
         if not s.namesrv_addrs:
             return True
+        wrapper = self.topics.wrapper_obj()
+        if not (perm_readable(s.brokerPermission) and perm_writeable(s.brokerPermission)):
+            # As Java's registerBrokerAll: while the broker is not read-write, every route it registers
+            # carries the broker's permission instead of the topic's.
+            for tc in wrapper["topicConfigTable"].values():
+                tc["perm"] = s.brokerPermission
         results = await self.outer.register_broker_all(
             s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
             broker_name=s.brokerName, broker_id=self.ctx.broker_id, ha_server_addr=s.ha_server_addr,
-            topic_config_wrapper=self.topics.wrapper_obj())
+            topic_config_wrapper=wrapper)
         if results:
             self.registered = True
             self.master_addr = next((r.master_addr for r in results if r.master_addr), None)
@@ -277,8 +306,9 @@ class Broker:
         return len(results) == len(s.namesrv_addrs)
 
     async def _register_loop(self) -> None:
-        period = max(10.0, min(self.settings.registerNameServerPeriod / 1000, 60.0))
         while True:
+            # Read each round: UPDATE_BROKER_CONFIG may change it.
+            period = max(10.0, min(self.settings.registerNameServerPeriod / 1000, 60.0))
             complete = False
             try:
                 complete = await self.register_all()

@@ -1,4 +1,7 @@
-"""Broker settings: one frozen object per process, built once from broker.conf <- env <- CLI.
+"""Broker settings: one frozen object at a time, built from broker.conf <- env <- CLI at start-up.
+
+A run-time change (UPDATE_BROKER_CONFIG, processors/broker_config.py) builds a new object with
+:func:`updated_settings`, parsed and validated as at start-up, and replaces the broker's.
 
 broker.conf is RocketMQ's Java properties format with RocketMQ's key names. Environment
 variables override it as ``RMQ_BROKER_<KEY>`` with the key in upper snake case (``listenPort`` ->
@@ -187,20 +190,24 @@ _FIELDS = {f.metadata["key"]: f for f in dataclasses.fields(BrokerSettings)}
 SECRET_KEYS = frozenset({"adminToken", "aclSecretKey"})
 
 
+def setting_text(s: BrokerSettings, key: str) -> str:
+    """One setting's value as broker.conf spells it (booleans in lower case), unmasked."""
+    value = getattr(s, key)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def settings_properties(s: BrokerSettings) -> str:
     """Every setting as ``key=value`` lines (broker.conf format, Java's getAllConfigsFormatString),
     secrets masked."""
     lines = []
     for key in sorted(_FIELDS):
-        value = getattr(s, key)
-        if key in SECRET_KEYS and value:
+        text = setting_text(s, key)
+        if key in SECRET_KEYS and text:
             text = "******"
-        elif isinstance(value, bool):
-            text = str(value).lower()
-        else:
-            text = str(value)
         lines.append(f"{key}={text}")
     return "\n".join(lines) + "\n"
+
+
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -227,18 +234,27 @@ def default_ip() -> str:
     return "127.0.0.1"
 
 
+_PROPERTY_LINE = re.compile(r"([^=:\s]+)\s*[=:\s]\s*(.*)$")
+
+
+def property_line(raw: str) -> tuple[str, str] | None:
+    """One line of a .properties text as (key, value); None for a blank or comment line."""
+    line = raw.strip()
+    if not line or line[0] in "#!":
+        return None
+    m = _PROPERTY_LINE.match(line)
+    if m is None:
+        return line, ""
+    return m.group(1), m.group(2).strip()
+
+
 def parse_properties(text: str) -> dict[str, str]:
     """Java .properties subset: key=value or key:value, # and ! comments, surrounding spaces."""
     out: dict[str, str] = {}
     for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        m = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
-        if m is None:
-            out[line] = ""
-            continue
-        out[m.group(1)] = m.group(2).strip()
+        entry = property_line(raw)
+        if entry is not None:
+            out[entry[0]] = entry[1]
     return out
 
 
@@ -348,6 +364,13 @@ def _validate(s: BrokerSettings) -> None:
         parse_delete_when(s.deleteWhen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if not 0 <= s.brokerPermission <= 15:
+        raise ConfigError(f"brokerPermission: {s.brokerPermission} is not a permission (4 read, 2 write, 6 both)")
+    for key in ("clientChannelExpiredMillis", "registerNameServerPeriod"):
+        if getattr(s, key) <= 0:
+            raise ConfigError(f"{key}: must be a positive number of milliseconds")
+    if s.shortPollingTimeMills < 0:
+        raise ConfigError("shortPollingTimeMills: must not be negative (milliseconds)")
     if s.maxHashSlotNum <= 0:
         raise ConfigError("maxHashSlotNum: must be positive")
     if s.maxIndexNum <= 1:
@@ -419,3 +442,44 @@ def build_settings(
     settings = BrokerSettings(**kwargs)
     _validate(settings)
     return settings
+
+
+def updated_settings(current: BrokerSettings, changes: Mapping[str, str]) -> BrokerSettings:
+    """``current`` with ``changes`` (broker.conf key -> value text) applied, each value parsed and the
+    result validated exactly as at start-up. Unlike start-up, an unknown key is an error: a change
+    that would be ignored must not be reported as made. Raises :class:`ConfigError` naming the key."""
+    unknown = sorted(k for k in changes if k not in _FIELDS)
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not a broker setting")
+    kwargs = {key: _convert(key, value, _FIELDS[key].type) for key, value in changes.items()}
+    settings = dataclasses.replace(current, **kwargs)
+    _validate(settings)
+    return settings
+
+
+@dataclass(frozen=True)
+class SettingsOrigin:
+    """Where a broker's settings came from: what a run-time change needs to be saved for the next start."""
+
+    # The broker.conf given with -c (None: the broker runs on defaults, environment and --set only).
+    conf_path: Path | None = None
+    # Keys set by a source that overrides broker.conf at start-up -> that source, for the operator.
+    overridden: Mapping[str, str] = field(default_factory=dict)
+
+
+def override_sources(env: Mapping[str, str] | None = None,
+                     overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The keys the environment and the command line set (so broker.conf's values of them are not
+    used at start-up), each with where it is set; mirrors :func:`build_settings`'s precedence."""
+    env = os.environ if env is None else env
+    out: dict[str, str] = {}
+    if env.get("NAMESRV_ADDR"):
+        out["namesrvAddr"] = "the environment variable NAMESRV_ADDR"
+    for name in env:
+        key = _ENV_KEYS.get(name)
+        if key is not None:
+            out[key] = f"the environment variable {name}"
+    for key in overrides or {}:
+        if key in _FIELDS:
+            out[key] = "the command line"
+    return out

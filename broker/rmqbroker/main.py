@@ -8,10 +8,11 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 
 from rmqbroker.acl import AclConfigError, PlainAcl
 from rmqbroker.broker import Broker, read_conf
-from rmqbroker.config import ConfigError, build_settings
+from rmqbroker.config import ConfigError, SettingsOrigin, build_settings, override_sources
 from rmqbroker.runtime import run_until_signal, setup_logging
 from rmqbroker.store.errors import StoreError
 
@@ -44,8 +45,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"rmq-broker: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
 
+    # What UPDATE_BROKER_CONFIG saves a change to, and which keys the file does not decide.
+    origin = SettingsOrigin(Path(args.config) if args.config else None, override_sources(overrides=overrides))
+
     async def run(stop: asyncio.Event) -> None:
-        broker = Broker(settings)
+        broker = Broker(settings, origin)
         try:
             await broker.start()
         except (StoreError, OSError) as exc:

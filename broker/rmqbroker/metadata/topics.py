@@ -458,6 +458,13 @@ class TopicConfigManager(VersionedTableFile[TopicConfig]):
         self._notify(topic, None)
         return True
 
+    def next_data_version(self) -> None:
+        """Stamp the table as changed although no topic did: nameservers take a registered topic
+        table again only when its version moved (a brokerPermission change rewrites every route)."""
+        with self._lock:
+            self._data_version.next_version()
+            self._mark_changed_locked()
+
     def _put_locked(self, tc: TopicConfig) -> None:
         self._table[tc.topic_name] = tc
         self._data_version.next_version()

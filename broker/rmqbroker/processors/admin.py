@@ -1,4 +1,4 @@
-"""Admin and replication-source codes: 17, 21, 26, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 300, 307,
+"""Admin and replication-source codes: 17, 21, 28, 43, 45, 200, 201, 202, 207, 208, 215, 222, 300, 307,
 314, 315, 317, 329 (reference §2.13, §2.14; 200-329 follow RocketMQ's AdminBrokerProcessor)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 from rmqbroker.broker_stats import BrokerStatsManager
-from rmqbroker.config import settings_properties
 from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
@@ -90,7 +89,6 @@ class AdminProcessor:
             server.register(RequestCode.VIEW_BROKER_STATS_DATA, self.view_broker_stats_data)
         server.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
-        server.register(RequestCode.GET_BROKER_CONFIG, self.get_broker_config)
         server.register(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self.consumer_running_info)
         server.register(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, self.topic_consumed_by_who)
@@ -413,13 +411,6 @@ class AdminProcessor:
         client_id = h.req_str(wire.RUNNING_INFO_CLIENT_ID)
         answer = await self.b2c.call_consumer(RequestCode.GET_CONSUMER_RUNNING_INFO, cmd, group, client_id)
         return answer.respond_to(cmd)
-
-    async def get_broker_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        """mqadmin getBrokerConfig: every setting in broker.conf format (secrets masked). The
-        settings never change at run time, so their DataVersion is the boot's."""
-        version = json.dumps({"counter": 0, "stateVersion": 0, "timestamp": self.boot_ms}, separators=(",", ":"))
-        return cmd.make_response(ResponseCode.SUCCESS, ext_fields={wire.VERSION: version},
-                                 body=settings_properties(self.ctx.settings).encode("utf-8"))
 
     async def get_runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         store = self.ctx.store

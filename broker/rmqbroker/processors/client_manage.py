@@ -96,12 +96,13 @@ def _subscriptions(cd: Any) -> list[SubscriptionData]:
     return subs
 
 
-def make_notifier(settings_enabled: bool,
+def make_notifier(settings_enabled: Callable[[], bool],
                   group_enabled: Callable[[str], bool]) -> Callable[[str, list[Connection]], None]:
-    """Build the NOTIFY_CONSUMER_IDS_CHANGED sender the client registry calls."""
+    """Build the NOTIFY_CONSUMER_IDS_CHANGED sender the client registry calls (``settings_enabled``
+    is asked each time: the broker-wide switch can change at run time)."""
 
     def notify(group: str, conns: list[Connection]) -> None:
-        if not settings_enabled or not group_enabled(group):
+        if not settings_enabled() or not group_enabled(group):
             return
         for conn in conns:
             conn.send_oneway(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,

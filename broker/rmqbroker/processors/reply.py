@@ -43,7 +43,6 @@ class ReplyMessageProcessor:
         self.send = send
         settings = ctx.settings
         self._store_host = f"{settings.host_ip}:{settings.listenPort}"
-        self._store_enabled = settings.storeReplyMessageEnable
         self.pushed = 0  # replies the requester took
         self.not_pushed = 0  # replies no requester took (not connected, refused, no answer)
 
@@ -95,7 +94,7 @@ class ReplyMessageProcessor:
         if error is None:
             # RocketMQ's placeholders: a Java responder decodes the send result from them.
             ext.update({wire.MSG_ID: "0", wire.QUEUE_ID: str(store_qid), wire.QUEUE_OFFSET: "0"})
-        if self._store_enabled:
+        if self.ctx.settings.storeReplyMessageEnable:  # read per reply: UPDATE_BROKER_CONFIG may change it
             # Stored whether or not the requester took it, as RocketMQ does; the reply's response
             # says whether it was delivered, and carries its id once stored.
             await self._store(conn, topic, store_qid, flag, body, props, sys_flag, born_ts, reconsume_times, ext)

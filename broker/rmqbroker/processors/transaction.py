@@ -92,10 +92,8 @@ def _op_half_offset(op: MessageRecord) -> int | None:
 class TransactionService:
     """Half messages, their commit or rollback, and the check of those left open."""
 
-    def __init__(self, ctx: BrokerContext, *, timeout_ms: int, check_max: int) -> None:
+    def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
-        self.timeout_ms = timeout_ms
-        self.check_max = check_max
         # Half queue offset -> checks sent (this process's life).
         self._checks: dict[int, int] = {}
         # Half queue offsets settled by an op (from END_TRANSACTION here, or read by a check round).
@@ -104,6 +102,15 @@ class TransactionService:
         self.rolled_back = 0
         self.checks_sent = 0
         self.given_up = 0
+
+    # Read when used: UPDATE_BROKER_CONFIG may change them.
+    @property
+    def timeout_ms(self) -> int:
+        return self.ctx.settings.transactionTimeOut
+
+    @property
+    def check_max(self) -> int:
+        return self.ctx.settings.transactionCheckMax
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.END_TRANSACTION, self.end_transaction)
