@@ -246,3 +246,37 @@ def test_acl_admin_requests_on_a_broker_without_the_acl_say_so(cluster: Cluster)
         assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, "the plain ACL is off on this broker "
                                                                        "(aclEnable=false)")
     assert not (broker.store_dir / "config" / "plain_acl.yml").exists()
+
+
+def test_only_an_admin_account_changes_broker_settings(secured: tuple[Namesrv, BrokerProc],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """UPDATE_BROKER_CONFIG (25) is an admin code, as in RocketMQ: a signed non-admin request and an
+    unsigned one are refused and change nothing."""
+    ns, broker = secured
+    body = b"brokerPermission=4\n"
+
+    def update(creds: tuple[str, str] | None) -> tuple[int, str]:
+        fields: dict[str, str] = {}
+        if creds:
+            sign(fields, body, *creds)
+        resp = rpc(broker.addr, RequestCode.UPDATE_BROKER_CONFIG, fields, body)
+        return resp.code, resp.remark or ""
+
+    def permission() -> str:
+        fields: dict[str, str] = {}
+        sign(fields, b"", *ADMIN)
+        text = bytes(rpc(broker.addr, RequestCode.GET_BROKER_CONFIG, fields).body).decode()
+        return next(line for line in text.splitlines() if line.startswith("brokerPermission="))
+
+    conf = broker.conf_path.read_text()
+    assert update(None) == (ResponseCode.SYSTEM_ERROR, "No accessKey is configured")
+    code, remark = update(PRODUCER)
+    assert code == ResponseCode.SYSTEM_ERROR and "Need admin permission for request code=25" in remark
+    assert permission() == "brokerPermission=6" and broker.conf_path.read_text() == conf
+    assert rmq_admin(["updateBrokerConfig", "-n", ns.addr, "-b", broker.addr, "-k", "brokerPermission", "-v", "4",
+                      "--accessKey", CONSUMER[0], "--secretKey", CONSUMER[1]]) == 1
+    assert "Need admin permission for request code=25" in capsys.readouterr().err
+    assert rmq_admin(["updateBrokerConfig", "-n", ns.addr, "-b", broker.addr, "-k", "brokerPermission", "-v", "4",
+                      "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]) == 0
+    assert f"update broker config success, {broker.addr}" in capsys.readouterr().out
+    assert permission() == "brokerPermission=4" and "brokerPermission=4\n" in broker.conf_path.read_text()
