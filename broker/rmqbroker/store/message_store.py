@@ -1296,6 +1296,17 @@ class MessageStore:
             return []
         return cq.get_units(offset, count)
 
+    def queue_message_bytes(self, topic: str, queue_id: int, begin: int, end: int) -> tuple[int, int]:
+        """``(bytes, messages)`` of the messages at logical offsets ``[begin, end)`` still held by
+        the queue (statistics: TOPIC_PUT_SIZE)."""
+        cq = self._find_cq(topic, queue_id)
+        if cq is None:
+            return 0, 0
+        begin = max(begin, cq.min_offset())
+        if begin >= end:
+            return 0, 0
+        return cq.sum_sizes(begin, end - begin)
+
     def delay_level_ms(self, level: int) -> int:
         """Delay of a 1-based level, clamped to the configured levels."""
         return self._delay_levels[max(1, min(level, self._max_delay_level)) - 1]

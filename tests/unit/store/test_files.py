@@ -267,3 +267,22 @@ def test_check_record_on_commitlog_segment(tmp_path: Path) -> None:
     assert last is not None
     assert check_record(last.mm, phy) == size
     cl.close()
+
+
+def test_consume_queue_sums_the_sizes_its_units_record(tmp_path: Path) -> None:
+    """sum_sizes (TOPIC_PUT_SIZE) adds the recorded sizes across segments, blank units left out,
+    and says how many units it read; it equals the sum over get_units."""
+    cq = ConsumeQueue("T", 0, tmp_path, 20 * 7)
+    cq.load()
+    sizes = {i: 100 + i * 997 for i in range(40)}
+    sizes[5] = 4 * 1024 * 1024  # large sizes carry into every byte of the field
+    for i, size in sizes.items():
+        if i not in (12, 13):  # a gap: two blank units
+            cq.put_unit(i, i * 10_000_000, size, 0)
+    want = [u[1] for u in cq.get_units(0, 40) if u[1] != BLANK_SIZE]
+    assert len(want) == 38
+    assert cq.sum_sizes(0, 40) == (sum(want), 40)
+    assert cq.sum_sizes(3, 20) == (sum(u[1] for u in cq.get_units(3, 20) if u[1] != BLANK_SIZE), 20)
+    assert cq.sum_sizes(38, 10) == (sizes[38] + sizes[39], 2)  # only what is written
+    assert cq.sum_sizes(40, 5) == (0, 0)
+    cq.close()
