@@ -28,7 +28,7 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import Header
 from rmqbroker.store.message_store import GetMessageStatus, RecordFilter
-from rmqbroker.store.record import RETRY_TOPIC, decode_properties, dispatch_fields
+from rmqbroker.store.record import RETRY_TOPIC, decode_properties, record_properties
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _selecting(selector: Selector) -> RecordFilter:
     such as TAGS and KEYS, included, as in RocketMQ)."""
 
     def match(view: memoryview) -> bool:
-        return selector.matches(decode_properties(dispatch_fields(view, 0)[6]))
+        return selector.matches(decode_properties(record_properties(view, 0)))
     return match
 
 
@@ -186,7 +186,7 @@ class PullMessageProcessor:
         clients = self.ctx.clients
 
         def match(view: memoryview) -> bool:
-            props = decode_properties(dispatch_fields(view, 0)[6])
+            props = decode_properties(record_properties(view, 0))
             real_topic = props.get(RETRY_TOPIC)
             sub = clients.find_subscription(group, real_topic) if real_topic else None
             if sub is None or sub.selector is None:

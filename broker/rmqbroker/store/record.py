@@ -581,6 +581,17 @@ def dispatch_fields(buf: ReadBuffer, pos: int) -> tuple[int, str, int, int, int,
     return int(total), topic, int(qid), int(qoff), int(sys_flag), int(store_ts), props
 
 
+def record_properties(buf: ReadBuffer, pos: int) -> str:
+    """The properties string of an already-checked record, and nothing else (what an SQL92
+    selector reads on every record a pull scans: a third of :func:`dispatch_fields`' cost)."""
+    sys_flag = _I32.unpack_from(buf, pos + SYSFLAG_POS)[0]
+    hsize = _HEADERS[(sys_flag >> 4) & 3].size
+    p = pos + hsize + _I32.unpack_from(buf, pos + hsize - 4)[0]
+    p += 1 + buf[p]
+    props_len = _U16.unpack_from(buf, p)[0]
+    return str(buf[p + 2:p + 2 + props_len], "utf-8", "replace")
+
+
 # TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET read at once (bulk verification).
 #   0 TOTALSIZE i | 4 MAGICCODE i | 8 BODYCRC i | 12 QUEUEID i | 16 FLAG i | 20 QUEUEOFFSET q
 _HEAD28 = struct.Struct(">iiiiiq")

@@ -31,6 +31,7 @@ from rmqbroker.store.record import (
     java_string_hash,
     join_properties,
     offset_msg_id,
+    record_properties,
     tags_code,
     write_blank,
 )
@@ -329,3 +330,16 @@ def test_batch_body_golden_and_errors() -> None:
                 min_size=1, max_size=10))
 def test_batch_round_trip(entries: list[BatchEntry]) -> None:
     assert decode_batch_body(encode_batch_body(entries)) == entries
+
+
+@pytest.mark.parametrize(("born", "store"), [(("10.0.0.5", 5000), ("10.0.0.9", 10911)),
+                                             (("::1", 5000), ("10.0.0.9", 10911)),
+                                             (("10.0.0.5", 5000), ("fe80::1", 10911))])
+def test_record_properties_reads_what_dispatch_fields_reads(born: tuple[str, int], store: tuple[str, int]) -> None:
+    """The properties alone, for SQL92 selectors, at every header size (IPv4/IPv6 hosts) and offset."""
+    props = {"TAGS": "TagA", "a": "37", "région": "€ü", "KEYS": "k1 k2"}
+    one = encode_record(topic="Orders", body=b"x" * 33, properties=props, born_host=born, store_host=store)
+    two = encode_record(topic="T", body=b"", properties="", born_host=born, store_host=store)
+    buf = memoryview(b"pad" + one + two)
+    assert record_properties(buf, 3) == dispatch_fields(buf, 3)[6] == encode_properties(props)
+    assert record_properties(buf, 3 + len(one)) == ""
