@@ -109,6 +109,9 @@ class BrokerSettings:
     # Larger than Java's 32 KiB: per-frame costs dominate replication throughput in Python.
     haTransferBatchSize: int = field(default=1048576, metadata=_key("haTransferBatchSize"))
     haSlaveFallbehindMax: int = field(default=268435456, metadata=_key("haSlaveFallbehindMax"))
+    # Project key: while no SYNC_MASTER send waits, the master pushes a slave's next bytes once it
+    # has acknowledged the previous push (fewer, larger pushes; see ha/master.py).
+    haPushAfterAck: bool = field(default=True, metadata=_key("haPushAfterAck"))
     slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
     slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))
     checkCRCOnRecover: bool = field(default=True, metadata=_key("checkCRCOnRecover"))

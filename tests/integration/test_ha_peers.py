@@ -1,9 +1,10 @@
 """A real broker against a scripted HA peer on loopback: as a SLAVE it follows a fake master played
 by the test (silence, streams that do not continue its log, malformed frames), and as a master it
-logs what a misbehaving fake slave sends to its HA port."""
+logs what a misbehaving fake slave sends to its HA port and paces its pushes by the slave's acks."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from rmqbroker.remoting.codes import ResponseCode
 from rmqbroker.store.record import encode_record
 from tests.conftest import Cluster
 from tests.integration.helpers import poll, send_raw
@@ -282,3 +284,85 @@ def test_master_logs_and_drops_bad_ha_input(cluster: Cluster) -> None:
         poll(functools.partial(logged, master, expected), 5, what=f"{name}: log names {expected!r}")
     assert master.status()["ha"]["slaves"] == []
     assert send_raw(master.addr, "GTopic", b"still serving").code == 0
+
+
+def _read_frames(peer: Peer, until: int, timeout: float = 10.0) -> int:
+    """Read pushed frames (heartbeats skipped) until the stream reaches ``until``; where it starts."""
+    start = -1
+    reached = -1
+    while reached < until:
+        offset, size = HEADER.unpack(peer.read_exact(HEADER.size, timeout))
+        if not size:
+            continue
+        assert reached in (-1, offset), f"frame at {offset}, the stream was at {reached}"
+        peer.read_exact(size, timeout)
+        start = offset if start < 0 else start
+        reached = offset + size
+    assert reached == until, f"stream went to {reached}, beyond {until}"
+    return start
+
+
+def _nothing_pushed(peer: Peer, seconds: float) -> None:
+    """No commitlog bytes (heartbeats aside) arrive within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peer._read_some(deadline)
+        while len(peer.buf) >= HEADER.size and HEADER.unpack_from(peer.buf)[1] == 0:
+            del peer.buf[:HEADER.size]
+        assert not peer.buf, f"pushed without an ack: {bytes(peer.buf[:HEADER.size])!r}..."
+
+
+def _fake_slave(master: BrokerProc, report: int) -> Peer:
+    sock = socket.create_connection(("127.0.0.1", master.port + 1), timeout=5)
+    sock.sendall(REPORT.pack(report))
+    return Peer(sock)
+
+
+@pytest.mark.parametrize("after_ack", [True, False])
+def test_async_master_pushes_the_next_bytes_once_the_slave_acked(cluster: Cluster, after_ack: bool) -> None:
+    """With no send waiting for a slave, the master keeps one push in flight per slave: bytes
+    appended meanwhile go out, all together, when the slave acknowledges that push
+    (``haPushAfterAck``, on by default); with the key off every loop pass pushes."""
+    master = cluster.broker(None, name="broker-p", haPushAfterAck=str(after_ack).lower())
+    assert send_raw(master.addr, "PTopic", b"one").code == 0
+    first_end = master.status()["maxPhyOffset"]
+    peer = _fake_slave(master, 0)
+    try:
+        assert _read_frames(peer, first_end) == 0
+        for body in (b"two", b"three"):
+            assert send_raw(master.addr, "PTopic", body).code == 0
+        third_end = master.status()["maxPhyOffset"]
+        if after_ack:
+            _nothing_pushed(peer, 1.5)  # three housekeeping ticks, which push too
+            peer.sock.sendall(REPORT.pack(first_end))
+        assert _read_frames(peer, third_end) == first_end
+        if after_ack:
+            # An ack that covers only part of the push in flight releases nothing.
+            assert send_raw(master.addr, "PTopic", b"four").code == 0
+            peer.sock.sendall(REPORT.pack(first_end + 1))
+            _nothing_pushed(peer, 1.0)
+            peer.sock.sendall(REPORT.pack(third_end))
+            assert _read_frames(peer, master.status()["maxPhyOffset"]) == third_end
+    finally:
+        peer.sock.close()
+
+
+def test_sync_master_pushes_while_a_send_waits_without_an_ack(cluster: Cluster) -> None:
+    """A SYNC_MASTER send's bytes are pushed at once even while an earlier push is unacknowledged
+    (a waiting producer must not wait for that round trip too), and its ack answers the send."""
+    master = cluster.broker(None, name="broker-q", role="SYNC_MASTER")
+    assert send_raw(master.addr, "QTopic", b"before any slave").code == ResponseCode.SLAVE_NOT_AVAILABLE
+    first_end = master.status()["maxPhyOffset"]
+    peer = _fake_slave(master, 0)
+    try:
+        assert _read_frames(peer, first_end) == 0  # never acknowledged below
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(send_raw, master.addr, "QTopic", b"waits for the slave")
+            second_end = poll(lambda: (end := master.status()["maxPhyOffset"]) > first_end and end, 5,
+                              what="second message stored")
+            assert _read_frames(peer, second_end) == first_end
+            assert not waiting.done()
+            peer.sock.sendall(REPORT.pack(second_end))
+            assert waiting.result(10).code == 0
+    finally:
+        peer.sock.close()

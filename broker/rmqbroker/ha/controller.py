@@ -46,6 +46,7 @@ class ReplicationController:
             housekeeping_interval=settings.haHousekeepingInterval / 1000,
             slave_fallbehind_max=settings.haSlaveFallbehindMax,
             sync_timeout=settings.syncFlushTimeout / 1000,
+            push_after_ack=settings.haPushAfterAck,
         ), epochs)
         self.store.add_arrival_listener(self.ha.notify_data)
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,

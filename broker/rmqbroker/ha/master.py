@@ -3,7 +3,8 @@
 Each slave connection is a callback :class:`asyncio.Protocol`: 8-byte max-offset reports are
 handled in ``data_received`` (an ack releases waiting SYNC_MASTER sends in the same loop pass), and
 ``[long offset][int size][bytes]`` frames are pushed from the append notification itself, once per
-loop pass, as views of the mapped segment. A slave far behind (a catch-up) is served by a worker
+loop pass, as views of the mapped segment; while no SYNC_MASTER send waits, a push waits for the
+ack of the one before it (``haPushAfterAck``). A slave far behind (a catch-up) is served by a worker
 thread that ``sendfile``\\ s whole frames from the segment files: no GIL, no page faults on the
 mapping, no copy in user space. SYNC_MASTER sends wait in :class:`GroupTransferService` until a
 slave has acknowledged their end offset.
@@ -73,6 +74,8 @@ class HAConfig:
     housekeeping_interval: float = 20.0
     slave_fallbehind_max: int = 268435456
     sync_timeout: float = 5.0
+    # Without SYNC_MASTER sends waiting, at most one loop push unacknowledged per slave.
+    push_after_ack: bool = True
 
 
 class _Stopped(Exception):
@@ -139,6 +142,8 @@ class HAConnection(asyncio.Protocol):
         self._bulk_stop = threading.Event()
         self._last_write = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        # A push from the loop that the slave has not acknowledged in full yet.
+        self._unacked = False
 
     @property
     def last_ack_millis(self) -> int:
@@ -230,6 +235,10 @@ class HAConnection(asyncio.Protocol):
             self._last_write = time.monotonic()
             self.push()
         svc.on_ack(offset)
+        if self._unacked and offset >= self.transfer_from:
+            self._unacked = False
+            if store.max_phy_offset() > offset:
+                svc.schedule_push()
 
     # -- pushing --
     def push(self) -> None:
@@ -243,6 +252,11 @@ class HAConnection(asyncio.Protocol):
         if pos >= max_offset:
             return
         if max_offset - pos >= BULK_MIN and not tr.get_write_buffer_size() and self._start_bulk(max_offset):
+            return
+        if self._unacked and self.service.config.push_after_ack and not len(self.service.group_transfer):
+            # No send waits for this slave (none is queued on a SYNC_MASTER): the bytes go out
+            # when the push in flight is acknowledged, so a stream of sends costs master and slave
+            # one push, wake-up and ack per round trip instead of one per loop pass.
             return
         batch = self.service.config.transfer_batch_size
         parts: list[bytes | memoryview] = []
@@ -258,6 +272,7 @@ class HAConnection(asyncio.Protocol):
             pos += len(view)
             total += len(view)
         self.transfer_from = pos
+        self._unacked = True
         tr.writelines(parts)
         self._last_write = time.monotonic()
         if pos < max_offset and not self._paused:
@@ -395,13 +410,17 @@ class HAService:
     def notify_data(self, *_: object) -> None:
         """Arrival listener: new bytes were appended; they go out once per loop pass."""
         if self.connections:
-            if not self._push_scheduled and self._loop is not None:
-                self._push_scheduled = True
-                self._loop.call_soon(self._push_all)
+            self.schedule_push()
             # Remember when each append ended so the first slave ack covering it gives its lag.
             pending = self._pending_acks
             if len(pending) < LAG_TRACK_MAX:
                 pending.append((self.store.max_phy_offset(), time.monotonic()))
+
+    def schedule_push(self) -> None:
+        """Push to every slave at the end of this loop pass (once, however many ask)."""
+        if not self._push_scheduled and self._loop is not None:
+            self._push_scheduled = True
+            self._loop.call_soon(self._push_all)
 
     def _push_all(self) -> None:
         self._push_scheduled = False
