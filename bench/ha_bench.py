@@ -14,7 +14,8 @@
 (c) ``syncasync``: 16 concurrent producers for a fixed time against an ASYNC_MASTER and a
     SYNC_MASTER (each with one slave, broker default segment sizes), in rounds that alternate
     which mode goes first; throughput of each and the ratio SYNC/ASYNC, with the master's and the
-    slave's CPU per message over the same window (where the SYNC surcharge goes).
+    slave's CPU per message over the same window (where the SYNC surcharge goes). ``--variant``
+    runs other sets of roles and broker.conf keys the same way (an A/B of a setting).
 
 Usage: ``python bench/ha_bench.py [catchup|lag|syncasync|all] [--gib 1.0] [--seconds 10]``.
 """
@@ -331,8 +332,22 @@ def _pin(pid: int, cpu: int) -> None:
         os.sched_setaffinity(int(task), {cpu})
 
 
+Variant = tuple[str, str, dict[str, str]]  # label, brokerRole, broker.conf keys of master and slave
+DEFAULT_VARIANTS: list[Variant] = [("ASYNC_MASTER", "ASYNC_MASTER", {}), ("SYNC_MASTER", "SYNC_MASTER", {})]
+
+
+def parse_variant(text: str) -> Variant:
+    """``LABEL:ROLE[:key=value,...]``, e.g. ``paced-off:ASYNC_MASTER:haPushAfterAck=false``."""
+    label, role, *rest = text.split(":", 2)
+    if role not in ("ASYNC_MASTER", "SYNC_MASTER"):
+        raise argparse.ArgumentTypeError(f"{text}: the role is ASYNC_MASTER or SYNC_MASTER")
+    conf = dict(kv.split("=", 1) for kv in rest[0].split(",")) if rest and rest[0] else {}
+    return label, role, conf
+
+
 def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
-                    client: str = "lean", test_segments: bool = False, pin: bool = False) -> dict[str, Any]:
+                    client: str = "lean", test_segments: bool = False, pin: bool = False,
+                    variants: list[Variant] | None = None) -> dict[str, Any]:
     """Closed-loop producers against an ASYNC_MASTER and a SYNC_MASTER (one slave each), in
     interleaved rounds on fresh groups so that machine noise hits both alike; medians reported.
 
@@ -340,23 +355,27 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     connection per producer with one request in flight (= ``producers`` closed-loop producers),
     1 s warm-up excluded. ``client="remoting"``: the earlier in-process generator (the project's
     RemotingClient, a coroutine per request), which on two cores competes with the brokers for CPU.
+    ``variants`` (default: ASYNC_MASTER and SYNC_MASTER) are run in that order in even rounds and
+    in reverse in odd ones; each one's median is also given as a ratio to the first's.
     """
+    variants = variants or DEFAULT_VARIANTS
     sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
                                                       "mappedFileSizeConsumeQueue": 6000000}
-    rates: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
-    latency_ms: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
-    cpu_us: dict[str, list[float]] = {"ASYNC_MASTER": [], "SYNC_MASTER": []}
+    rates: dict[str, list[float]] = {v[0]: [] for v in variants}
+    latency_ms: dict[str, list[float]] = {v[0]: [] for v in variants}
+    cpu_us: dict[str, list[float]] = {v[0]: [] for v in variants}
     for r in range(rounds):
         # Alternate which mode goes first, and start each run with no dirty pages left by the
         # one before (its stores deleted, then sync): writeback of an earlier run's bytes would
         # otherwise land on whichever mode runs next.
-        for role in ("ASYNC_MASTER", "SYNC_MASTER") if r % 2 == 0 else ("SYNC_MASTER", "ASYNC_MASTER"):
+        order = list(enumerate(variants))
+        for k, (label, role, conf) in order if r % 2 == 0 else order[::-1]:
             os.sync()
-            name = f"bench-{role.lower().replace('_', '-')}-{r}"
-            master = BrokerProc(work, None, name=name, role=role, **sizes)
+            name = f"bench-{role.lower().replace('_', '-')}-{r}-{k}"
+            master = BrokerProc(work, None, name=name, role=role, **{**sizes, **conf})
             master.start()
             slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
-                               haMasterAddress=f"127.0.0.1:{master.port + 1}", **sizes)
+                               haMasterAddress=f"127.0.0.1:{master.port + 1}", **{**sizes, **conf})
             slave.start()
             try:
                 time.sleep(1)
@@ -378,16 +397,22 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
                 master.stop()
                 for b in (master, slave):
                     shutil.rmtree(b.store_dir, ignore_errors=True)
-            rates[role].append(count / seconds)
-            latency_ms[role].append(p50)
+            rates[label].append(count / seconds)
+            latency_ms[label].append(p50)
             per_msg = tuple(c / count * 1e6 if count else float("nan") for c in cpu)
-            cpu_us[role].append(per_msg[0])
-            print(f"[syncasync] round {r} {role}: {count / seconds:.0f} msg/s, p50 {p50:.3f} ms, CPU/msg "
+            cpu_us[label].append(per_msg[0])
+            print(f"[syncasync] round {r} {label}: {count / seconds:.0f} msg/s, p50 {p50:.3f} ms, CPU/msg "
                   f"master {per_msg[0]:.1f} us, slave {per_msg[1]:.1f} us", flush=True)
-    out: dict[str, Any] = {role: {"msgs_per_s_median": statistics.median(v), "rounds": v,
-                                  "p50_latency_ms": latency_ms[role],
-                                  "master_cpu_us_per_msg": cpu_us[role]} for role, v in rates.items()}
-    out["ratio_sync_async"] = out["SYNC_MASTER"]["msgs_per_s_median"] / out["ASYNC_MASTER"]["msgs_per_s_median"]
+    out: dict[str, Any] = {label: {"msgs_per_s_median": statistics.median(v), "rounds": v,
+                                   "p50_latency_ms": latency_ms[label],
+                                   "master_cpu_us_per_msg": cpu_us[label]} for label, v in rates.items()}
+    first = variants[0][0]
+    for label in rates:
+        out[label]["ratio_to_" + first] = out[label]["msgs_per_s_median"] / out[first]["msgs_per_s_median"]
+        print(f"[syncasync] {label}: median {out[label]['msgs_per_s_median']:.0f} msg/s, "
+              f"{out[label]['ratio_to_' + first]:.3f} of {first}", flush=True)
+    if "SYNC_MASTER" in out and "ASYNC_MASTER" in out:
+        out["ratio_sync_async"] = out["SYNC_MASTER"]["msgs_per_s_median"] / out["ASYNC_MASTER"]["msgs_per_s_median"]
     out["client"] = client
     return out
 
@@ -463,6 +488,9 @@ def main() -> None:
                         help="syncasync: the master alone on CPU 0, the slave and the generator on CPU 1")
     parser.add_argument("--test-segments", action="store_true",
                         help="lag, syncasync: the test helper's small segments instead of the broker defaults")
+    parser.add_argument("--variant", action="append", type=parse_variant, dest="variants",
+                        help="syncasync: LABEL:ROLE[:key=value,...] (repeatable) instead of ASYNC_MASTER and "
+                             "SYNC_MASTER, e.g. off:ASYNC_MASTER:haPushAfterAck=false")
     parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
                         help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
@@ -479,7 +507,8 @@ def main() -> None:
         if args.which in ("syncasync", "all"):
             (work / "s").mkdir()
             results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers, args.rounds,
-                                                   client=args.client, test_segments=args.test_segments, pin=args.pin)
+                                                   client=args.client, test_segments=args.test_segments, pin=args.pin,
+                                                   variants=args.variants)
             print(json.dumps(results["syncasync"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
