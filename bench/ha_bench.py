@@ -364,11 +364,11 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     rates: dict[str, list[float]] = {v[0]: [] for v in variants}
     latency_ms: dict[str, list[float]] = {v[0]: [] for v in variants}
     cpu_us: dict[str, list[float]] = {v[0]: [] for v in variants}
+    order = list(enumerate(variants))
     for r in range(rounds):
         # Alternate which mode goes first, and start each run with no dirty pages left by the
         # one before (its stores deleted, then sync): writeback of an earlier run's bytes would
         # otherwise land on whichever mode runs next.
-        order = list(enumerate(variants))
         for k, (label, role, conf) in order if r % 2 == 0 else order[::-1]:
             os.sync()
             name = f"bench-{role.lower().replace('_', '-')}-{r}-{k}"

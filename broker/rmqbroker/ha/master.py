@@ -237,7 +237,7 @@ class HAConnection(asyncio.Protocol):
         svc.on_ack(offset)
         if self._unacked and offset >= self.transfer_from:
             self._unacked = False
-            if store.max_phy_offset() > offset:
+            if max_offset > offset:
                 svc.schedule_push()
 
     # -- pushing --
