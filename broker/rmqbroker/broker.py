@@ -227,7 +227,8 @@ class Broker:
         return [("consumer_lag_messages", "Messages of a topic stored and not yet consumed by a group",
                  ("group", "topic"), lag),
                 ("topic_max_offset", "Messages a topic's queues have stored (sum of their max offsets)",
-                 ("topic",), stored)]
+                 ("topic",), stored),
+                *self.replication.metric_gauges()]
 
     def _counters(self) -> dict[str, tuple[str, float]]:
         c = self.cleaner
@@ -244,6 +245,7 @@ class Broker:
             "reply_messages_pushed": ("Request-reply replies pushed to their requester", self.reply.pushed),
             "reply_messages_not_pushed": ("Request-reply replies no requester took (not connected, refused, "
                                           "no answer)", self.reply.not_pushed),
+            **self.replication.metric_counters(),
         }
 
     def status(self) -> dict[str, Any]:

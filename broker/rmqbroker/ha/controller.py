@@ -23,6 +23,9 @@ from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
 
+# A gauge's samples for /metrics: (label values, value) each.
+Samples = list[tuple[tuple[str, ...], float]]
+
 
 class RoleChangeError(ValueError):
     """A role or master change that must be refused (stale epoch, bad arguments)."""
@@ -172,6 +175,59 @@ class ReplicationController:
         # the new master (a re-point, or their reconnect finds where the group's master is).
         self.ha.group_transfer.reset()
         self.ha.drop_slaves("demoted to SLAVE")
+
+    # -- metrics --
+    def metric_counters(self) -> dict[str, tuple[str, float]]:
+        """Replication counters for /metrics (name -> (help, total)); both sides', whatever the role
+        is now, since a promoted or demoted broker keeps what it counted in the other role."""
+        ha, client, ms = self.ha, self.ha_client, self.metadata_sync
+        return {
+            "ha_pushes": ("Frames of new commitlog bytes pushed to slaves from the event loop", ha.pushes),
+            "ha_bulk_transfers": ("Catch-up transfers sent to slaves with sendfile", ha.bulk_transfers),
+            "ha_bytes_sent": ("Commitlog bytes handed to slave connections", ha.bytes_pushed),
+            "ha_reports": ("Offset reports (acks) received from slaves", ha.reports),
+            "ha_rejected_reports": ("Slave connections dropped for a malformed or impossible report",
+                                    ha.rejected_reports),
+            "ha_slaves_behind_retention": ("Slaves refused because retention deleted what they need next",
+                                           ha.behind_retention),
+            "ha_bytes_received": ("Commitlog bytes received from the master and made visible", client.bytes_received),
+            "ha_master_connects": ("Connections made to a master, reconnects included", client.connects),
+            "ha_refused_streams": ("Master streams refused (not continuing this log, malformed)", client.mismatches),
+            "ha_truncated_bytes": ("Divergent commitlog bytes cut before following a master", client.truncated_bytes),
+            "metadata_sync_rounds": ("Slave metadata sync rounds that succeeded", ms.rounds),
+            "metadata_sync_failures": ("Slave metadata sync rounds that failed", ms.failures),
+        }
+
+    def metric_gauges(self) -> list[tuple[str, str, tuple[str, ...], Samples]]:
+        """Replication gauges for /metrics, as (name, help, label names, samples)."""
+        ctx, ha, client = self.ctx, self.ha, self.ha_client
+        slaves = ha.slave_states()
+        lag = ha.replication_lag_ms()
+        lag_samples: Samples = [((q,), float(ms) / 1000) for q, key in (("0.5", "p50"), ("0.99", "p99"), ("1", "max"))
+                                if (ms := lag[key]) is not None]
+        return [
+            ("broker_role", "1 for the broker's current role and brokerId", ("role", "role_broker_id"),
+             [((ctx.role, str(ctx.broker_id)), 1.0)]),
+            ("ha_epoch", "Replication epoch this broker is at", (), [((), float(self.epochs.epoch))]),
+            ("ha_slaves_connected", "Slaves streaming from this broker", (),
+             [((), float(sum(1 for c in ha.connections if c.request_offset >= 0)))]),
+            ("ha_slave_acked_offset", "Commitlog offset a slave has acknowledged", ("slave",),
+             [((s.address,), float(s.acked_offset)) for s in slaves]),
+            ("ha_slave_lag_bytes", "Commitlog bytes a slave has not acknowledged yet", ("slave",),
+             [((s.address,), float(s.lag_bytes)) for s in slaves]),
+            ("ha_slave_in_sync", "1 when a slave is within haSlaveFallbehindMax and not silent", ("slave",),
+             [((s.address,), float(s.in_sync)) for s in slaves]),
+            ("ha_slave_last_ack_timestamp_seconds", "When a slave last reported its offset (Unix time)",
+             ("slave",), [((s.address,), s.last_ack_millis / 1000) for s in slaves]),
+            ("ha_replication_lag_seconds", "Time from an append to the first slave ack covering it, over the "
+             "recent window (quantile 1: the maximum)", ("quantile",), lag_samples),
+            ("ha_master_connected", "1 while this slave is connected to its master", (),
+             [((), float(ctx.is_slave and client.connected))]),
+            ("ha_ahead_of_master_bytes", "Bytes of the master's own term this slave holds beyond the master's "
+             "end", (), [((), float(client.ahead_bytes))]),
+            ("metadata_sync_last_success_timestamp_seconds", "When this slave's metadata sync last succeeded "
+             "(Unix time; 0: never)", (), [((), self.metadata_sync.last_success_ms / 1000)]),
+        ]
 
     # -- status --
     def status(self) -> dict[str, Any]:

@@ -78,6 +78,17 @@ class HAConfig:
     push_after_ack: bool = True
 
 
+@dataclass(frozen=True)
+class SlaveState:
+    """A slave connection as /status and /metrics show it."""
+
+    address: str
+    acked_offset: int
+    lag_bytes: int
+    last_ack_millis: int
+    in_sync: bool
+
+
 class _Stopped(Exception):
     """The connection closed while the sendfile thread was waiting for socket space."""
 
@@ -190,6 +201,7 @@ class HAConnection(asyncio.Protocol):
             return
         # Only the newest complete report matters.
         (offset,) = REPORT.unpack_from(buf, whole - 8)
+        self.service.reports += whole >> 3
         self._on_report(offset)
 
     # -- reports --
@@ -273,6 +285,9 @@ class HAConnection(asyncio.Protocol):
             total += len(view)
         self.transfer_from = pos
         self._unacked = True
+        svc = self.service
+        svc.pushes += 1
+        svc.bytes_pushed += total
         tr.writelines(parts)
         self._last_write = time.monotonic()
         if pos < max_offset and not self._paused:
@@ -290,6 +305,9 @@ class HAConnection(asyncio.Protocol):
             return False
         sock_fd = os.dup(sock.fileno())
         self.transfer_from = frames[-1][0] + frames[-1][3]
+        svc = self.service
+        svc.bulk_transfers += 1
+        svc.bytes_pushed += self.transfer_from - frames[0][0]
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.service.executor, _send_frames, sock_fd, frames, self._bulk_stop)
         self._bulk = fut
@@ -393,6 +411,12 @@ class HAService:
         self._pending_acks: collections.deque[tuple[int, float]] = collections.deque()
         self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self.rejected_reports = 0
+        # Counters for /metrics: frames pushed from the loop, sendfile transfers handed to a thread,
+        # commitlog bytes handed to slaves by either, and report frames read (every batch of them).
+        self.pushes = 0
+        self.bulk_transfers = 0
+        self.bytes_pushed = 0
+        self.reports = 0
         # Slaves refused because their log ends before this master's oldest retained byte.
         self.behind_retention = 0
         self.group_transfer = GroupTransferService(config.sync_timeout, config.slave_fallbehind_max)
@@ -482,17 +506,19 @@ class HAService:
         self.executor.shutdown(wait=False)
         self.group_transfer.fail_all()
 
-    def slaves_status(self) -> list[dict[str, object]]:
+    def slave_states(self) -> list[SlaveState]:
+        """Every slave connection that reported where it is, by address."""
         max_offset = self.store.max_phy_offset()
+        cfg = self.config
+        now = time.time()
         out = []
         for c in sorted(self.connections, key=lambda c: c.address):
             lag = max(0, max_offset - c.acked_offset)
-            out.append({
-                "address": c.address,
-                "ackedOffset": c.acked_offset,
-                "lagBytes": lag,
-                "lastAckMillis": c.last_ack_millis,
-                "inSync": c.request_offset >= 0 and lag < self.config.slave_fallbehind_max
-                          and time.time() - c.last_ack_time < self.config.housekeeping_interval,
-            })
+            out.append(SlaveState(c.address, c.acked_offset, lag, c.last_ack_millis,
+                                  c.request_offset >= 0 and lag < cfg.slave_fallbehind_max
+                                  and now - c.last_ack_time < cfg.housekeeping_interval))
         return out
+
+    def slaves_status(self) -> list[dict[str, object]]:
+        return [{"address": s.address, "ackedOffset": s.acked_offset, "lagBytes": s.lag_bytes,
+                 "lastAckMillis": s.last_ack_millis, "inSync": s.in_sync} for s in self.slave_states()]
