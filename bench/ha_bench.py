@@ -15,7 +15,9 @@
     SYNC_MASTER (each with one slave, broker default segment sizes), in rounds that alternate
     which mode goes first; throughput of each and the ratio SYNC/ASYNC, with the master's and the
     slave's CPU per message over the same window (where the SYNC surcharge goes). ``--variant``
-    runs other sets of roles and broker.conf keys the same way (an A/B of a setting).
+    runs other sets of roles and broker.conf keys the same way (an A/B of a setting). ``--slave ideal``
+    puts ``bench/ideal_slave.c`` (built with gcc; acks each frame at once, stores nothing) in the
+    slave's place: the ratio a slave costing next to nothing would allow on this host.
 
 Usage: ``python bench/ha_bench.py [catchup|lag|syncasync|all] [--gib 1.0] [--seconds 10]``.
 """
@@ -31,6 +33,7 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -345,9 +348,28 @@ def parse_variant(text: str) -> Variant:
     return label, role, conf
 
 
+class IdealSlave:
+    """``ideal_slave.c`` following a master's HA port (process-compatible with BrokerProc here)."""
+
+    def __init__(self, binary: Path, ha_port: int) -> None:
+        self.popen: subprocess.Popen[bytes] | None = subprocess.Popen([str(binary), str(ha_port)])
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            self.popen.terminate()
+            self.popen.wait(10)
+            self.popen = None
+
+
+def build_ideal_slave(work: Path) -> Path:
+    binary = work / "ideal_slave"
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(ROOT / "bench" / "ideal_slave.c")], check=True)
+    return binary
+
+
 def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
                     client: str = "lean", test_segments: bool = False, pin: bool = False,
-                    variants: list[Variant] | None = None) -> dict[str, Any]:
+                    variants: list[Variant] | None = None, slave_kind: str = "broker") -> dict[str, Any]:
     """Closed-loop producers against an ASYNC_MASTER and a SYNC_MASTER (one slave each), in
     interleaved rounds on fresh groups so that machine noise hits both alike; medians reported.
 
@@ -357,8 +379,11 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     RemotingClient, a coroutine per request), which on two cores competes with the brokers for CPU.
     ``variants`` (default: ASYNC_MASTER and SYNC_MASTER) are run in that order in even rounds and
     in reverse in odd ones; each one's median is also given as a ratio to the first's.
+    ``slave_kind="ideal"`` replaces the slave broker by ``ideal_slave.c`` (acks every frame at once,
+    stores nothing): a bound on what any slave could do for the SYNC/ASYNC ratio on this host.
     """
     variants = variants or DEFAULT_VARIANTS
+    ideal = build_ideal_slave(work) if slave_kind == "ideal" else None
     sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
                                                       "mappedFileSizeConsumeQueue": 6000000}
     rates: dict[str, list[float]] = {v[0]: [] for v in variants}
@@ -374,9 +399,13 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
             name = f"bench-{role.lower().replace('_', '-')}-{r}-{k}"
             master = BrokerProc(work, None, name=name, role=role, **{**sizes, **conf})
             master.start()
-            slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
-                               haMasterAddress=f"127.0.0.1:{master.port + 1}", **{**sizes, **conf})
-            slave.start()
+            slave: BrokerProc | IdealSlave
+            if ideal is not None:
+                slave = IdealSlave(ideal, master.port + 1)
+            else:
+                slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
+                                   haMasterAddress=f"127.0.0.1:{master.port + 1}", **{**sizes, **conf})
+                slave.start()
             try:
                 time.sleep(1)
                 assert master.popen is not None and slave.popen is not None
@@ -395,8 +424,9 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
             finally:
                 slave.stop()
                 master.stop()
-                for b in (master, slave):
-                    shutil.rmtree(b.store_dir, ignore_errors=True)
+                shutil.rmtree(master.store_dir, ignore_errors=True)
+                if isinstance(slave, BrokerProc):
+                    shutil.rmtree(slave.store_dir, ignore_errors=True)
             rates[label].append(count / seconds)
             latency_ms[label].append(p50)
             per_msg = tuple(c / count * 1e6 if count else float("nan") for c in cpu)
@@ -491,6 +521,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", type=parse_variant, dest="variants",
                         help="syncasync: LABEL:ROLE[:key=value,...] (repeatable) instead of ASYNC_MASTER and "
                              "SYNC_MASTER, e.g. off:ASYNC_MASTER:haPushAfterAck=false")
+    parser.add_argument("--slave", default="broker", choices=("broker", "ideal"),
+                        help="syncasync: a slave broker, or ideal_slave.c (acks at once, stores nothing)")
     parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
                         help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
@@ -508,7 +540,7 @@ def main() -> None:
             (work / "s").mkdir()
             results["syncasync"] = bench_syncasync(work / "s", args.seconds, args.producers, args.rounds,
                                                    client=args.client, test_segments=args.test_segments, pin=args.pin,
-                                                   variants=args.variants)
+                                                   variants=args.variants, slave_kind=args.slave)
             print(json.dumps(results["syncasync"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
