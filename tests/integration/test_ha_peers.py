@@ -160,12 +160,13 @@ def logged(proc: BrokerProc, text: str) -> bool:
     return text in proc.log_text()
 
 
-def two_records() -> bytes:
-    """Two whole commitlog records at offsets 0 and len(first), as a master would have stored them."""
+def two_records(base: int = 0) -> bytes:
+    """Two whole commitlog records at offsets base and base + len(first), as a master would have
+    stored them."""
     first = encode_record(topic="PeerTopic", body=b"first" * 20, properties={"KEYS": "k0"}, queue_offset=0,
-                          physical_offset=0, store_timestamp=int(time.time() * 1000))
+                          physical_offset=base, store_timestamp=int(time.time() * 1000))
     second = encode_record(topic="PeerTopic", body=b"second" * 20, properties={"KEYS": "k1"}, queue_offset=1,
-                           physical_offset=len(first), store_timestamp=int(time.time() * 1000))
+                           physical_offset=base + len(first), store_timestamp=int(time.time() * 1000))
     return first + second
 
 
@@ -253,6 +254,52 @@ def test_slave_refuses_a_frame_that_does_not_continue_its_log(cluster: Cluster, 
     poll(lambda: ha_status(slave)["connects"] >= 2, 10, what="reconnect counted")
     st = slave.status()
     assert st["maxPhyOffset"] == end and st["ha"]["truncatedBytes"] == 0
+
+
+def test_slave_follows_a_rocketmq_4_master_without_the_epoch_handshake(cluster: Cluster,
+                                                                       fake_master: FakeMaster) -> None:
+    """The fake plays an Apache RocketMQ 4.9 master (reference §7.3): it takes the first report
+    as the slave's request offset, so the epoch query (-2) becomes the offset its writer streams
+    from; nothing is there, so after its heartbeat interval it sends a heartbeat at -2. The slave
+    then reconnects without the query and follows as a Java slave would: it reports its offset
+    (0, an empty log) and stores what a 4.9 master sends for 0, the stream from the start of its
+    last segment. The connection after that asks for epochs again."""
+    seg = 1 << 20
+    slave = start_slave(cluster, fake_master, "broker-legacy", mappedFileSizeCommitLog=seg,
+                        maxMessageSize=64 * 1024)
+    probe = fake_master.accept()
+    (query,) = REPORT.unpack(probe.read_exact(REPORT.size))
+    assert query == EPOCH_QUERY
+    probe.send_frame(EPOCH_QUERY, 0)  # the 4.9 writer's heartbeat at nextTransferFromWhere = -2
+    probe.wait_closed(timeout=10)
+    poll(functools.partial(logged, slave, f"HA master {fake_master.addr} does not know the epoch handshake"), 5,
+         what="slave logs why it reconnects")
+
+    java = fake_master.accept(timeout=5)  # at once, no back-off
+    java.wait_report(0)
+    # The master's log: a full first segment, and two records at the start of the last one.
+    records = two_records(base=seg)
+    end = seg + len(records)
+    java.send_frame(seg, len(records), records)
+    java.wait_report(end)
+    assert all(v >= 0 for _, v in java.reports), f"reports: {java.reports}"
+    java.send_frame(end, 0)  # a heartbeat where the slave is
+    st = poll(lambda: (s := slave.status())["maxPhyOffset"] == end and s, 10, what="stream stored")
+    assert st["ha"]["masterWithoutEpochs"] is True and st["ha"]["connected"] is True
+    assert st["ha"]["refusedStreams"] == 0 and st["ha"]["truncatedBytes"] == 0
+    with open(slave.store_dir / "commitlog" / f"{seg:020d}", "rb") as f:
+        assert f.read(len(records)) == records
+    # Consume queues are built from the records, at the offsets the master gave them.
+    code, body = slave.admin("/consumequeue?topic=PeerTopic&queueId=0&offset=0&count=2")
+    assert code == 200 and len(body) == 40
+    first_size = struct.unpack_from(">i", records)[0]  # the record's TOTALSIZE
+    assert [struct.unpack_from(">q", body, i)[0] for i in (0, 20)] == [seg, seg + first_size]
+
+    java.sock.close()
+    again = fake_master.accept(timeout=15)
+    again.answer_epoch_query(max_offset=end)  # asked again: a master replaced at this address gets it
+    again.wait_report(end)
+    poll(lambda: ha_status(slave)["masterWithoutEpochs"] is False, 10, what="handshake master recognised")
 
 
 # ---------------------------------------------------------------- master side

@@ -245,6 +245,7 @@ class ReplicationController:
                 "truncatedBytes": self.ha_client.truncated_bytes,
                 "aheadOfMasterBytes": self.ha_client.ahead_bytes,
                 "connects": self.ha_client.connects,
+                "masterWithoutEpochs": self.ctx.is_slave and self.ha_client.legacy_master,
                 "refusedStreams": self.ha_client.mismatches,
             },
             "metadataSync": {

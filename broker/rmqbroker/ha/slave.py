@@ -5,6 +5,11 @@ least every millisecond while a catch-up streams) and every heartbeat interval; 
 that does not continue its own log; reconnects with back-off when the master is silent or
 unreachable. The master can change at runtime (:meth:`HAClient.set_master`).
 
+Before streaming, the slave asks for the master's epoch history (an extension; see
+:mod:`rmqbroker.ha.epoch`). An Apache RocketMQ 4.x master takes that query for the slave's offset
+and answers, a heartbeat interval later, with a heartbeat at it: the slave then reconnects once
+without the query and follows that master as a Java slave would (no divergence checks).
+
 The connection is served by one receiver thread with a blocking socket (:class:`_Receiver`): frame
 headers and small bodies are read into a buffer and ``pwrite``\\ n into the commitlog segment;
 large bodies are ``splice``\\ d from the socket into the segment file, so a catch-up costs one
@@ -91,6 +96,11 @@ class StreamMismatchError(Exception):
 
 class _Stopped(Exception):
     """The loop asked the receiver thread to stop."""
+
+
+class LegacyMasterError(Exception):
+    """The master answered the epoch query as an Apache RocketMQ 4.x master does: it took the
+    query for the slave's offset and sent a heartbeat at it (offset -2, no body)."""
 
 
 def _connect(host: str, port: int) -> socket.socket:
@@ -203,6 +213,10 @@ class _Receiver:
         offset, size = TRANSFER_HEADER.unpack_from(self.buf, self.start)
         if offset != EPOCH_QUERY:
             raise StreamMismatchError("master streamed data before the epoch handshake")
+        if size == 0:
+            # This project's master always answers with a body; a heartbeat echoing the query is
+            # a Java master whose writer now streams from offset -2: this connection is useless.
+            raise LegacyMasterError
         if not 0 <= size <= MAX_EPOCH_ANSWER:
             raise StreamMismatchError(f"malformed frame header (offset {offset}, size {size})")
         if TRANSFER_HEADER.size + size > len(self.buf):
@@ -459,6 +473,10 @@ class HAClient:
         self.bytes_received = 0
         self.mismatches = 0
         self.connects = 0  # connections established to a master, reconnects included
+        # Whether the current master was followed without the epoch handshake (a RocketMQ 4.x master).
+        self.legacy_master = False
+        # The next connection to this address skips the epoch query (it was just taken for an offset).
+        self._legacy_next: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._reput_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -560,6 +578,11 @@ class HAClient:
             try:
                 await self._follow(addr)
                 backoff = 0.5
+            except LegacyMasterError:
+                log.warning("HA master %s does not know the epoch handshake (an Apache RocketMQ 4.x master?): "
+                            "reconnecting to follow it as a RocketMQ slave does, without epoch checks", addr)
+                self._legacy_next = addr
+                continue
             except (OSError, ConnectionError, TimeoutError) as exc:
                 log.warning("HA connection to %s failed: %s", addr, exc)
             except EpochChangedError as exc:
@@ -598,10 +621,15 @@ class HAClient:
         self.connects += 1
         receiver = _Receiver(self, sock, loop, self.heartbeat_interval, self.housekeeping_interval)
         self._receiver = receiver
+        # One connection without the query after a master took it for an offset; the one after
+        # that asks again, so a master replaced at the same address gets the handshake.
+        legacy = self._legacy_next == addr
+        self._legacy_next = None
+        self.legacy_master = legacy
         changed = asyncio.ensure_future(self._changed.wait())
         running: asyncio.Future[Any] | None = None
         try:
-            if self.epochs is not None:
+            if self.epochs is not None and not legacy:
                 running = loop.run_in_executor(self.receiver_pool, receiver.epoch_query)
                 done, _ = await asyncio.wait({running, changed}, return_when=asyncio.FIRST_COMPLETED)
                 if changed in done:
