@@ -157,14 +157,54 @@ def _table(rows: list[list[str]]) -> str:
 
 # ------------------------------------------------------------------------------------ commands
 async def cluster_list(admin: Admin, args: argparse.Namespace) -> str:
+    """mqadmin clusterList: every broker of every cluster, with mqadmin's load columns from each
+    broker's runtime info (blank for a broker that does not answer)."""
     info = await admin.cluster_info()
-    rows = [["#Cluster Name", "#Broker Name", "#BID", "#Addr"]]
     brokers = info.get("brokerAddrTable", {})
-    for cluster, names in sorted(info.get("clusterAddrTable", {}).items()):
-        for name in sorted(names):
-            for bid, addr in sorted(brokers.get(name, {}).get("brokerAddrs", {}).items(), key=lambda kv: int(kv[0])):
-                rows.append([cluster, name, str(bid), addr])
+    listed = [(cluster, name, str(bid), addr)
+              for cluster, names in sorted(info.get("clusterAddrTable", {}).items()) for name in sorted(names)
+              for bid, addr in sorted(brokers.get(name, {}).get("brokerAddrs", {}).items(), key=lambda kv: int(kv[0]))]
+    tables = await asyncio.gather(*(_runtime_table(admin, entry[3]) for entry in listed))
+    rows = [["#Cluster Name", "#Broker Name", "#BID", "#Addr", "#Version", "#InTPS(LOAD)", "#OutTPS(LOAD)",
+             "#PCWait(ms)", "#Hour", "#SPACE"]]
+    for entry, table in zip(listed, tables, strict=True):
+        rows.append([*entry, *_load_columns(table)])
     return _table(rows)
+
+
+async def _runtime_table(admin: Admin, addr: str) -> dict[str, str] | None:
+    try:
+        resp = await admin.call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        table: dict[str, str] = fastjson_loads(bytes(resp.body)).get("table", {}) if resp.body else {}
+    except (AdminError, OSError, ValueError, AttributeError):
+        return None
+    return table
+
+
+def _load_columns(table: dict[str, str] | None) -> list[str]:
+    """mqadmin's Version, InTPS(LOAD), OutTPS(LOAD), PCWait, Hour (age of the oldest message) and
+    SPACE (commitlog disk used) columns."""
+    if table is None:
+        return ["-"] * 6
+
+    def first_tps(key: str) -> float:
+        try:
+            return float(table.get(key, "").split(" ")[0])
+        except ValueError:
+            return 0.0
+
+    def load(tps_key: str, pool: str) -> str:
+        return (f"{first_tps(tps_key):.2f}({table.get(pool + 'ThreadPoolQueueSize', '0')},"
+                f"{table.get(pool + 'ThreadPoolQueueHeadWaitTimeMills', '0')}ms)")
+
+    earliest = int(table.get("earliestMessageTimeStamp", "-1") or -1)
+    hours = (time.time() * 1000 - earliest) / 3_600_000 if earliest > 0 else 0.0
+    try:
+        space = f"{float(table.get('commitLogDiskRatio', '')):.4f}"
+    except ValueError:
+        space = "-"
+    return [table.get("brokerVersionDesc", "-"), load("putTps", "send"), load("getTransferedTps", "pull"),
+            table.get("pageCacheLockTimeMills", "-"), f"{hours:.2f}", space]
 
 
 async def update_topic(admin: Admin, args: argparse.Namespace) -> str:

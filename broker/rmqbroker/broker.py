@@ -45,6 +45,7 @@ from rmqbroker.store.config import StoreConfig, parse_delay_levels
 from rmqbroker.store.consume_queue import UNIT
 from rmqbroker.store.message_store import MessageStore
 from rmqbroker.store.retention import CleanService, RetentionConfig, parse_delete_when
+from rmqbroker.store_stats import StoreStatsService
 
 log = logging.getLogger(__name__)
 # How often the ACL file is checked for changes (s).
@@ -117,10 +118,12 @@ class Broker:
         self.pull = PullMessageProcessor(self.ctx)
         self.reply = ReplyMessageProcessor(self.ctx, self.send)
         self.cleaner = CleanService(self.store, retention_config(settings))
+        self.store_stats = StoreStatsService(self.ctx.stats)
         self.broker_stats = BrokerStatsManager(self.store, self.ctx.stats, settings.brokerClusterName,
                                                lambda: not self.ctx.is_slave, settings.statsSamplingInterval)
         for proc in (self.send, self.pull, OffsetProcessor(self.ctx), ClientManageProcessor(self.ctx),
-                     AdminProcessor(self.ctx, cleaner=self.cleaner, broker_stats=self.broker_stats),
+                     AdminProcessor(self.ctx, self.store_stats.runtime_info, cleaner=self.cleaner,
+                                    broker_stats=self.broker_stats),
                      AdminClientOpsProcessor(self.ctx),
                      BrokerConfigProcessor(self.ctx, origin, self._settings_applied),
                      QueryMessageProcessor(self.ctx),
@@ -387,6 +390,7 @@ class Broker:
         sup.every("scan-clients", 10.0, self._scan_clients)
         # The first round at once: it takes the baseline later rounds count from.
         sup.every("broker-stats", s.statsSamplingInterval / 1000, self.broker_stats.sample, initial_delay=0)
+        sup.every("store-stats", 1.0, self.store_stats.sample, initial_delay=0)
         sup.every("transaction-check", s.transactionCheckInterval / 1000, self._check_transactions)
         # The first round soon after start: a disk that is already full refuses sends at once.
         sup.every("clean-files", s.cleanResourceInterval / 1000, self._clean_files,

@@ -22,6 +22,10 @@ class BrokerStats:
     bytes_out: int = 0
     send_rejected: dict[int, int] = field(default_factory=dict)  # by response code
     pull_held: int = 0
+    # Pulls evaluated against the store: those that returned messages, and all others (Java's
+    # getMessageTimesTotalFound / getMessageTimesTotalMiss).
+    pulls_found: int = 0
+    pulls_missed: int = 0
     acl_denied: int = 0  # requests refused by the plain ACL
     acl_reloads: int = 0
     acl_reload_failures: int = 0  # the ACL file changed but did not load (the old rules stay)

@@ -50,8 +50,15 @@ def test_admin_cli_manages_topics_and_groups(cluster: Cluster, capsys: pytest.Ca
 
     code, out, _ = poll(listed, 10, what="both brokers listed")
     assert code == 0
-    assert ["DefaultCluster", "broker-c", "0", master.addr] in rows(out)
-    assert ["DefaultCluster", "broker-c", "1", slave.addr] in rows(out)
+    assert out.splitlines()[0].split() == ["#Cluster", "Name", "#Broker", "Name", "#BID", "#Addr", "#Version",
+                                           "#InTPS(LOAD)", "#OutTPS(LOAD)", "#PCWait(ms)", "#Hour", "#SPACE"]
+    by_id = {r[2]: r for r in rows(out)}
+    assert by_id["0"][:4] == ["DefaultCluster", "broker-c", "0", master.addr]
+    assert by_id["1"][:4] == ["DefaultCluster", "broker-c", "1", slave.addr]
+    for r in by_id.values():
+        # mqadmin's columns, from each broker's runtime info: nothing sent yet, so no load and no age.
+        assert r[4:9] == ["V4_9_8", "0.00(0,0ms)", "0.00(0,0ms)", "0", "0.00"], r
+        assert 0 < float(r[9]) < 1, r
 
     code, out, _ = run(capsys, "updateTopic", *n, "-c", "DefaultCluster", "-t", TOPIC, "-r", "2", "-w", "2")
     assert code == 0 and master.addr in out

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from rmqbroker.broker_stats import BrokerStatsManager
 from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
@@ -29,11 +32,32 @@ from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
+from rmqbroker.store.message_store import SCHEDULE_TOPIC
 from rmqbroker.store.retention import CleanService
 
 log = logging.getLogger(__name__)
 
 BROKER_VERSION_DESC = "V4_9_8"
+
+
+def human_bytes(n: int) -> str:
+    """Java's ``MixAll.humanReadableByteCount(n, false)``: "512 B", "1.5 KiB", "45.2 GiB"."""
+    if n < 1024:
+        return f"{n} B"
+    exp = min(int(math.log(n) / math.log(1024)), 6)
+    return f"{n / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
+
+
+def disk_usage(path: Path) -> tuple[float, int, int] | None:
+    """(used fraction, total bytes, free bytes) of the filesystem holding ``path``, as Java's
+    ``File.getTotalSpace``/``getFreeSpace`` see it; None when the path does not exist."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bfree * st.f_frsize
+    return ((total - free) / total if total else -1.0), total, free
 GROUP_MAX_LENGTH = 255
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
@@ -413,9 +437,14 @@ class AdminProcessor:
         return answer.respond_to(cmd)
 
     async def get_runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        store = self.ctx.store
-        stats = self.ctx.stats
+        """RocketMQ 4.9's runtime table (``mqadmin brokerStatus``; ``clusterList`` and the Dashboard
+        read several keys unguarded). The TPS and day figures come from ``runtime_info``
+        (:mod:`rmqbroker.store_stats`)."""
+        ctx = self.ctx
+        store = ctx.store
+        stats = ctx.stats
         now = int(time.time() * 1000)
+        cfg = store.config
         table = {
             "brokerVersionDesc": BROKER_VERSION_DESC,
             "brokerVersion": "409",
@@ -424,16 +453,33 @@ class AdminProcessor:
             "commitLogMinOffset": str(store.min_phy_offset()),
             "commitLogMaxOffset": str(store.max_phy_offset()),
             "dispatchBehindBytes": str(store.dispatch_behind()),
-            "remainHowManyDataToFlush": str(store.max_phy_offset() - store.flushed_phy_offset()),
+            "remainHowManyDataToFlush": human_bytes(store.max_phy_offset() - store.flushed_phy_offset()),
             "bootTimestamp": str(self.boot_ms),
             "runtime": f"[ {(now - self.boot_ms) // 86_400_000} days, "
                        f"{(now - self.boot_ms) // 3_600_000 % 24} hours, "
                        f"{(now - self.boot_ms) // 60_000 % 60} minutes, "
                        f"{(now - self.boot_ms) // 1000 % 60} seconds ]",
-            "brokerRole": self.ctx.role,
+            "brokerRole": ctx.role,
+            "earliestMessageTimeStamp": str(store.earliest_message_time()),
+            "startAcceptSendRequestTimeStamp": "0",
+            # Requests run on the event loop as they are read: no thread-pool queue holds any, and
+            # no put holds a commitlog lock across a wait.
+            "pageCacheLockTimeMills": "0",
+            **{f"{pool}ThreadPoolQueue{what}": "0" for pool in ("send", "pull", "query")
+               for what in ("Size", "HeadWaitTimeMills")},
+            "EndTransactionQueueSize": "0",
         }
-        if self._cleaner is not None:
-            table["commitLogDiskRatio"] = str(self._cleaner.last_ratio)
+        for key, path in (("commitLogDiskRatio", cfg.commit_log_dir), ("consumeQueueDiskRatio", cfg.consume_queue_dir)):
+            usage = disk_usage(path)
+            if usage is not None:
+                table[key] = repr(usage[0])
+        usage = disk_usage(cfg.store_path_root_dir)
+        if usage is not None:
+            table["commitLogDirCapacity"] = f"Total : {human_bytes(usage[1])}, Free : {human_bytes(usage[2])}."
+        for level, offset in sorted(ctx.delay_offsets.table().items()):
+            # Java's ScheduleMessageService.buildRunningStats: delivered up to, and stored up to.
+            max_offset = store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1)
+            table[f"scheduleMessageOffset_{level}"] = f"{offset},{max_offset}"
         if self._runtime_info is not None:
             table.update(self._runtime_info())
         return cmd.make_response(ResponseCode.SUCCESS,

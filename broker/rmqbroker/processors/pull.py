@@ -145,6 +145,10 @@ class PullMessageProcessor:
         result = ctx.store.get_message(group, topic, queue_id, offset, max_msgs,
                                        None if sub.matches_all else sub.match_code, record_filter)
         status = result.status
+        if status is GetMessageStatus.FOUND:
+            ctx.stats.pulls_found += 1
+        else:
+            ctx.stats.pulls_missed += 1
         next_begin = result.next_begin_offset
         is_slave = ctx.is_slave
         code: int

@@ -1220,6 +1220,14 @@ class MessageStore:
         return cq.search_offset_by_time(timestamp, self.commitlog.pickup_store_timestamp,
                                         self.commitlog.min_offset())
 
+    def earliest_message_time(self) -> int:
+        """Store time of the oldest record in the commitlog, -1 if there is none (Java's
+        getEarliestMessageTime() without a queue)."""
+        fields = self.commitlog.header_fields(self.commitlog.min_offset())
+        if fields is None or fields[1] != MESSAGE_MAGIC_CODE:
+            return -1
+        return fields[4]
+
     def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
         """Store time of the oldest message in the queue, -1 if there is none."""
         cq = self._find_cq(topic, queue_id)
