@@ -33,7 +33,7 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 from rmqbroker.store.message_store import SCHEDULE_TOPIC
-from rmqbroker.store.retention import CleanService
+from rmqbroker.store.retention import CleanService, disk_used_ratio
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +48,14 @@ def human_bytes(n: int) -> str:
     return f"{n / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
 
 
-def disk_usage(path: Path) -> tuple[float, int, int] | None:
-    """(used fraction, total bytes, free bytes) of the filesystem holding ``path``, as Java's
-    ``File.getTotalSpace``/``getFreeSpace`` see it; None when the path does not exist."""
+def disk_capacity(path: Path) -> tuple[int, int] | None:
+    """(total, free) bytes of the file system holding ``path``, as Java's ``File.getTotalSpace`` and
+    ``getFreeSpace`` give them; None when the path does not exist."""
     try:
         st = os.statvfs(path)
     except OSError:
         return None
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bfree * st.f_frsize
-    return ((total - free) / total if total else -1.0), total, free
+    return st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize
 GROUP_MAX_LENGTH = 255
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
@@ -469,13 +467,12 @@ class AdminProcessor:
                for what in ("Size", "HeadWaitTimeMills")},
             "EndTransactionQueueSize": "0",
         }
-        for key, path in (("commitLogDiskRatio", cfg.commit_log_dir), ("consumeQueueDiskRatio", cfg.consume_queue_dir)):
-            usage = disk_usage(path)
-            if usage is not None:
-                table[key] = repr(usage[0])
-        usage = disk_usage(cfg.store_path_root_dir)
-        if usage is not None:
-            table["commitLogDirCapacity"] = f"Total : {human_bytes(usage[1])}, Free : {human_bytes(usage[2])}."
+        # Java's getDiskPartitionSpaceUsedPercent, as retention measures it (-1: no such path).
+        table["commitLogDiskRatio"] = repr(disk_used_ratio(cfg.commit_log_dir))
+        table["consumeQueueDiskRatio"] = repr(disk_used_ratio(cfg.consume_queue_dir))
+        capacity = disk_capacity(cfg.store_path_root_dir)
+        if capacity is not None:
+            table["commitLogDirCapacity"] = f"Total : {human_bytes(capacity[0])}, Free : {human_bytes(capacity[1])}."
         for level, offset in sorted(ctx.delay_offsets.table().items()):
             # Java's ScheduleMessageService.buildRunningStats: delivered up to, and stored up to.
             max_offset = store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1)
