@@ -88,6 +88,41 @@ def broker_with_slave(cluster: Cluster, **conf: Any) -> tuple[BrokerProc, Broker
     return master, slave
 
 
+def test_a_repeated_end_after_check_rounds_and_a_restart_stores_nothing_twice(cluster: Cluster) -> None:
+    """Check rounds move their progress past settled halves (and forget them in memory), and a
+    restart forgets them too: an END_TRANSACTION repeated after either still finds the half's op
+    and stores no second copy."""
+    master, _slave = broker_with_slave(cluster)
+
+    async def commit() -> list[int]:
+        p = TxProducer(master.addr, answer=COMMIT)
+        await p.heartbeat()
+        half = await p.half(b"once", "TX-ONCE")
+        assert (await p.end(*half, COMMIT)).code == ResponseCode.SUCCESS
+        await p.client.close()
+        return list(half)
+
+    a = asyncio.run(commit())
+    # The check's progress passes the settled half (every 300 ms).
+    poll(lambda: rpc(master.addr, RequestCode.QUERY_CONSUMER_OFFSET, {
+        "consumerGroup": "CID_RMQ_SYS_TRANS", "topic": "RMQ_SYS_TRANS_HALF_TOPIC", "queueId": "0"},
+    ).ext_fields.get("offset") == str(a[0] + 1), 10, what="check progress past the half")
+    time.sleep(0.7)  # and at least one more round
+
+    async def repeat() -> int:
+        p = TxProducer(master.addr, answer=COMMIT)
+        code = (await p.end(a[0], a[1], COMMIT)).code
+        await p.client.close()
+        return code
+
+    assert asyncio.run(repeat()) == ResponseCode.SUCCESS
+    assert [r.body for r in delivered(master.addr)] == [b"once"]
+    master.stop()
+    master.start()
+    assert asyncio.run(repeat()) == ResponseCode.SUCCESS
+    assert [r.body for r in delivered(master.addr)] == [b"once"]
+
+
 def test_commit_rollback_and_a_check_back(cluster: Cluster) -> None:
     master, slave = broker_with_slave(cluster)
 

@@ -153,8 +153,11 @@ class TransactionService:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if half.queue_offset != table_offset:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        if half.queue_offset in self._settled_set:
-            return cmd.make_response(ResponseCode.SUCCESS)  # a repeated end (e.g. a late check answer)
+        if self._is_settled(half):
+            # A repeated end (e.g. a late check answer). The op queue is read, not only the
+            # in-memory set: a check round drops halves below its progress from that set, and a
+            # restart empties it.
+            return cmd.make_response(ResponseCode.SUCCESS)
         if kind == rec.TRANSACTION_COMMIT_TYPE:
             status = self._commit(half)
             if status is not PutMessageStatus.PUT_OK:
