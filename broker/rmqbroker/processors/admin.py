@@ -56,6 +56,8 @@ def disk_capacity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize
+
+
 GROUP_MAX_LENGTH = 255
 SLAVE_REMARK = "Can't modify topic or subscription group from slave broker, please execute it from master broker."
 
@@ -436,18 +438,15 @@ class AdminProcessor:
 
     async def get_runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """RocketMQ 4.9's runtime table (``mqadmin brokerStatus``; ``clusterList`` and the Dashboard
-        read several keys unguarded). The TPS and day figures come from ``runtime_info``
-        (:mod:`rmqbroker.store_stats`)."""
+        read several keys unguarded). The TPS and day figures (``msg{Put,Get}Total…``) come from
+        ``runtime_info`` (:mod:`rmqbroker.store_stats`)."""
         ctx = self.ctx
         store = ctx.store
-        stats = ctx.stats
         now = int(time.time() * 1000)
         cfg = store.config
         table = {
             "brokerVersionDesc": BROKER_VERSION_DESC,
             "brokerVersion": "409",
-            "msgPutTotalTodayNow": str(stats.msgs_in),
-            "msgGetTotalTodayNow": str(stats.msgs_out),
             "commitLogMinOffset": str(store.min_phy_offset()),
             "commitLogMaxOffset": str(store.max_phy_offset()),
             "dispatchBehindBytes": str(store.dispatch_behind()),
