@@ -98,9 +98,10 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             queues[queue_id] = offset
             self._mark_changed_locked()
         if previous is not None and offset < previous:
-            # Legitimate after a reset, but also the signature of a stale client; worth a trace.
-            log.warning(
-                "offset of %s moved back: %s queue %d %d -> %d (client %s)",
+            # After a reset, and routinely around a rebalance (a client commits the offset of a
+            # queue it has just given up); a trace for stale clients, not an operator's warning.
+            log.info(
+                "offset of %s moved back: %s queue %d %d -> %d (from %s)",
                 group,
                 topic,
                 queue_id,

@@ -162,7 +162,7 @@ class PullMessageProcessor:
             code = ResponseCode.PULL_RETRY_IMMEDIATELY
 
         if allow_suspend and sys_flag & FLAG_COMMIT_OFFSET and not is_slave and commit_offset >= 0:
-            ctx.offsets.commit(group, topic, queue_id, commit_offset)
+            ctx.offsets.commit(group, topic, queue_id, commit_offset, conn.remote_addr)
 
         if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and sys_flag & FLAG_SUSPEND:
             hold_ms = suspend_ms if ctx.settings.longPollingEnable else ctx.settings.shortPollingTimeMills
