@@ -13,7 +13,7 @@ from pathlib import Path
 from rmqbroker.acl import AclConfigError, PlainAcl
 from rmqbroker.broker import Broker, read_conf
 from rmqbroker.config import ConfigError, SettingsOrigin, build_settings, override_sources
-from rmqbroker.runtime import run_until_signal, setup_logging
+from rmqbroker.runtime import raise_fd_limit, run_until_signal, setup_logging
 from rmqbroker.store.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    raise_fd_limit()
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")

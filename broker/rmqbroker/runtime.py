@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -19,6 +20,36 @@ def setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+# A soft limit set to "unlimited" would make some libraries size tables by it: take this instead.
+FD_LIMIT_CAP = 1 << 20
+# Below this many descriptors even a modest broker can run out: warn at start.
+FD_LIMIT_ADVISED = 4096
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft open-files limit to its hard limit; the limit now in force.
+
+    A broker holds descriptors for every store file (consume queues, commitlog segments, index
+    files) and every connection, far beyond the 1024 many shells start with; running out makes
+    file creation and accept() fail. The hard limit is the administrator's decision, so only the
+    soft one moves."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = FD_LIMIT_CAP if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+        else:
+            log.info("open-files limit raised from %d to %d", soft, target)
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < FD_LIMIT_ADVISED:
+        log.warning("open-files limit is %d (hard limit %s); store files and connections each take one: "
+                    "raise the hard limit (ulimit -Hn, or the container runtime's nofile) to at least %d",
+                    soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, FD_LIMIT_ADVISED)
+    return int(soft)
 
 
 class Supervisor:

@@ -115,3 +115,38 @@ def test_an_empty_token_file_is_a_configuration_error(cluster: Cluster) -> None:
     b.start(wait_ready=False)
     assert b.popen is not None and b.popen.wait(20) == 2
     assert "adminTokenFile" in b.log_text() and "empty" in b.log_text()
+
+
+def _soft_nofile(pid: int) -> int:
+    with open(f"/proc/{pid}/limits") as fh:
+        line = next(x for x in fh if x.startswith("Max open files"))
+    return int(line.split()[3])
+
+
+def test_open_files_limit_is_raised_and_exported(cluster: Cluster) -> None:
+    """A broker started from a shell's low soft limit raises it to the hard limit (its store files
+    and connections each hold a descriptor), and /metrics shows descriptors in use and the limit."""
+    import resource
+    import sys
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    low = 256
+    if hard != resource.RLIM_INFINITY and hard <= low:
+        pytest.skip(f"hard open-files limit {hard} leaves nothing to raise")
+    broker = cluster.broker(None, token=TOKEN, start=False)
+    # Start it the way `ulimit -Sn 256; rmq-broker ...` would.
+    shim = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard!r})); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+    broker.args = [sys.executable, "-c", shim, *broker.args[1:]]
+    broker.start()
+    assert broker.popen is not None
+    expected = (1 << 20) if hard == resource.RLIM_INFINITY else hard
+    assert _soft_nofile(broker.popen.pid) == expected
+    code, body = broker.admin("/metrics")
+    assert code == 200
+    text = body.decode()
+    assert metric_value(text, "process_max_fds") == expected
+    open_fds = metric_value(text, "process_open_fds")
+    assert 10 < open_fds < expected
+    assert metric_value(text, "process_resident_memory_bytes") > 10 * 1024 * 1024
+    assert "open-files limit raised from 256" in broker.log_text()

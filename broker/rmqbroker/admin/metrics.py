@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -111,10 +111,12 @@ def build_registry(stats: BrokerStats, remoting: RemotingStats, gauges: Callable
                    labels: dict[str, str], latency_source: RequestLatency | None = None,
                    counters: Callable[[], dict[str, tuple[str, float]]] | None = None,
                    labeled: Callable[[], list[LabeledGauge]] | None = None) -> CollectorRegistry:
-    """A registry with the counters collector and the request-latency histogram (by request code).
+    """A registry with the counters collector, the request-latency histogram (by request code) and
+    the standard ``process_*`` metrics (memory, CPU, open descriptors and their limit).
 
     ``counters`` adds counters kept outside :class:`BrokerStats` (name -> (help, total))."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(stats, remoting, gauges, labels, counters, labeled))
     registry.register(LatencyHistogram(labels, latency_source))
+    registry.register(ProcessCollector(registry=None))
     return registry

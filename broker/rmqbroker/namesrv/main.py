@@ -15,7 +15,7 @@ from rmqbroker.namesrv.processor import NamesrvProcessor
 from rmqbroker.namesrv.routeinfo import RouteInfoManager
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.remoting.server import RemotingServer
-from rmqbroker.runtime import Supervisor, run_until_signal, setup_logging
+from rmqbroker.runtime import Supervisor, raise_fd_limit, run_until_signal, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    raise_fd_limit()
     try:
         host, port = split_addr(args.listen)
         if args.order_message_enable is None:
