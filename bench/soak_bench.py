@@ -13,9 +13,10 @@ a least-squares line through the second half of the samples (KiB per minute: a l
 while a warm-up cache flattens out), with the descriptor and thread ranges; and for the traffic,
 sends acknowledged and failed, messages consumed (deliveries and distinct keys: after the
 producers stop, the consumer must see every acknowledged message), and whether the slave ended byte for byte where
-the master did. ``--kill-slave-every`` also SIGKILLs the slave that often and restarts it on its
-store: each time it must recover and resume the stream (a SYNC_MASTER's sends meanwhile get
-SLAVE_NOT_AVAILABLE, counted as send errors).
+the master did. ``--kill slave|master --kill-every S`` also SIGKILLs that broker every S seconds
+and restarts it on its store: each time it must recover its store and the stream must resume
+(sends meanwhile fail or, on a SYNC_MASTER without its slave, get SLAVE_NOT_AVAILABLE; the
+stock C++ client raises for both, and they are counted as send errors).
 
 Usage: ``python bench/soak_bench.py [--minutes 10] [--rate 600] [--role SYNC_MASTER]``.
 """
@@ -120,7 +121,7 @@ class Client:
 
 
 def soak(work: Path, minutes: float, rate: float, producers: int, role: str, churn: float,
-         interval: float, warmup: float, kill_slave_every: float = 0.0) -> dict[str, Any]:
+         interval: float, warmup: float, kill: str = "slave", kill_every: float = 0.0) -> dict[str, Any]:
     ns = Namesrv(work).start()
     # RocketMQ's default file sizes: descriptors then grow only when something leaks them.
     sizes: dict[str, Any] = {"mappedFileSizeCommitLog": 1024 ** 3, "mappedFileSizeConsumeQueue": 6_000_000}
@@ -144,20 +145,21 @@ def soak(work: Path, minutes: float, rate: float, producers: int, role: str, chu
         t0 = time.monotonic()
         end = t0 + minutes * 60
         kills = 0
-        next_kill = t0 + kill_slave_every if kill_slave_every else float("inf")
+        next_kill = t0 + kill_every if kill_every else float("inf")
         print(f"[soak] {role} + SLAVE, {producers} producers at {rate:.0f} msg/s in all, clients replaced "
               f"every {churn:.0f} s, {minutes:.1f} min"
-              + (f", slave SIGKILLed every {kill_slave_every:.0f} s" if kill_slave_every else ""), flush=True)
+              + (f", {kill} SIGKILLed every {kill_every:.0f} s" if kill_every else ""), flush=True)
         next_sample = t0 + interval
         while time.monotonic() < end:
             time.sleep(max(0.0, min(next_sample, next_kill) - time.monotonic()))
             if time.monotonic() >= next_kill:
                 # A crash mid-stream, then a restart on the same store: it must recover and resume.
-                slave.kill9()
+                victim = slave if kill == "slave" else master
+                victim.kill9()
                 time.sleep(1.0)
-                slave.start()
+                victim.start()
                 kills += 1
-                next_kill += kill_slave_every
+                next_kill += kill_every
                 continue
             next_sample += interval
             t = time.monotonic() - t0
@@ -188,7 +190,8 @@ def soak(work: Path, minutes: float, rate: float, producers: int, role: str, chu
         except TimeoutError:
             caught_up = False
         report: dict[str, Any] = {"role": role, "minutes": minutes, "rate": rate, "producers": producers,
-                                  "churn_s": churn, "slave_kills": kills, "processes": {}}
+                                  "churn_s": churn, "killed": kill if kill_every else None, "kills": kills,
+                                  "processes": {}}
         for name, rows in samples.items():
             after = [r for r in rows if r[0] >= warmup] or rows
             half = [r for r in after if r[0] >= (after[0][0] + after[-1][0]) / 2]
@@ -230,15 +233,16 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=30.0, help="seconds each client instance lives")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds left out of the figures")
-    parser.add_argument("--kill-slave-every", type=float, default=0.0,
-                        help="SIGKILL and restart the slave this often (s; 0: never); its memory figures "
+    parser.add_argument("--kill", choices=("slave", "master"), default="slave", help="which broker --kill-every kills")
+    parser.add_argument("--kill-every", type=float, default=0.0,
+                        help="SIGKILL and restart a broker this often (s; 0: never); its memory figures "
                              "then describe its last life only")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rmq-soak-"))
     try:
         report = soak(work, args.minutes, args.rate, args.producers, args.role, args.churn, args.interval,
-                      args.warmup, args.kill_slave_every)
+                      args.warmup, args.kill, args.kill_every)
     finally:
         if not args.keep:
             subprocess.run(["rm", "-rf", str(work)], check=False)
