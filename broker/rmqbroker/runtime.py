@@ -28,8 +28,8 @@ FD_LIMIT_CAP = 1 << 20
 FD_LIMIT_ADVISED = 4096
 
 
-def raise_fd_limit() -> int:
-    """Raise this process's soft open-files limit to its hard limit; the limit now in force.
+def raise_fd_limit() -> None:
+    """Raise this process's soft open-files limit to its hard limit.
 
     A broker holds descriptors for every store file (consume queues, commitlog segments, index
     files) and every connection, far beyond the 1024 many shells start with; running out makes
@@ -49,7 +49,6 @@ def raise_fd_limit() -> int:
         log.warning("open-files limit is %d (hard limit %s); store files and connections each take one: "
                     "raise the hard limit (ulimit -Hn, or the container runtime's nofile) to at least %d",
                     soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, FD_LIMIT_ADVISED)
-    return int(soft)
 
 
 class Supervisor:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from rmqbroker.broker_stats import BrokerStatsManager
 from rmqbroker.metadata.jsonfile import dumps_mq_keyed, fastjson_loads
@@ -33,7 +31,7 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
 from rmqbroker.remoting.wire import INT32_MAX, BadRequestError, Header
 from rmqbroker.store.message_store import SCHEDULE_TOPIC
-from rmqbroker.store.retention import CleanService, disk_used_ratio
+from rmqbroker.store.retention import CleanService, disk_capacity, disk_used_ratio
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +44,6 @@ def human_bytes(n: int) -> str:
         return f"{n} B"
     exp = min(int(math.log(n) / math.log(1024)), 6)
     return f"{n / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
-
-
-def disk_capacity(path: Path) -> tuple[int, int] | None:
-    """(total, free) bytes of the file system holding ``path``, as Java's ``File.getTotalSpace`` and
-    ``getFreeSpace`` give them; None when the path does not exist."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize
 
 
 GROUP_MAX_LENGTH = 255

@@ -40,16 +40,24 @@ MANUAL_DELETE_ROUNDS = 20
 DiskUsage = Callable[[Path], float]
 
 
-def disk_used_ratio(path: Path) -> float:
-    """Used fraction of the file system holding ``path``, as Java's getDiskPartitionSpaceUsedPercent
-    computes it ((total - free) / total, free including root's reserve); -1 when unknown."""
+def disk_capacity(path: Path) -> tuple[int, int] | None:
+    """(total, free) bytes of the file system holding ``path``, as Java's ``File.getTotalSpace`` and
+    ``getFreeSpace`` give them (free including root's reserve); None when the path does not exist."""
     try:
         st = os.statvfs(path)
     except OSError:
+        return None
+    return st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize
+
+
+def disk_used_ratio(path: Path) -> float:
+    """Used fraction of the file system holding ``path``, as Java's getDiskPartitionSpaceUsedPercent
+    computes it ((total - free) / total); -1 when unknown."""
+    capacity = disk_capacity(path)
+    if capacity is None or capacity[0] <= 0:
         return -1.0
-    if st.f_blocks <= 0:
-        return -1.0
-    return (st.f_blocks - st.f_bfree) / st.f_blocks
+    total, free = capacity
+    return (total - free) / total
 
 
 def parse_delete_when(text: str) -> frozenset[int]:
