@@ -36,9 +36,10 @@ from rmqbroker.processors.query import QueryMessageProcessor
 from rmqbroker.processors.reply import ReplyMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
 from rmqbroker.processors.transaction import TransactionService
-from rmqbroker.remoting.client import split_addr
+from rmqbroker.remoting.client import RemotingClient, split_addr
 from rmqbroker.remoting.codes import RequestCode
 from rmqbroker.remoting.server import RemotingServer
+from rmqbroker.remoting.tls import client_context
 from rmqbroker.runtime import Supervisor
 from rmqbroker.schedule import ScheduleMessageService
 from rmqbroker.store.config import StoreConfig, parse_delay_levels
@@ -111,7 +112,8 @@ class Broker:
                                                    group_notify_enabled))
         self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
                                  self.clients, register_now=self.request_register)
-        self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker")
+        self.tls = settings.tls_settings()
+        self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker", tls=self.tls)
         self.transactions = TransactionService(self.ctx)
         self.send = SendMessageProcessor(
             self.ctx, None if settings.rejectTransactionMessage else self.transactions)
@@ -145,7 +147,8 @@ class Broker:
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
         self.fast_server = self._fast_server(self.server, settings)
         self.topics.add_change_listener(self._topic_changed)
-        self.outer = BrokerOuterApi(credentials=(settings.aclAccessKey, settings.aclSecretKey)
+        self.outer = BrokerOuterApi(RemotingClient(ssl_context=client_context(self.tls)),
+                                    credentials=(settings.aclAccessKey, settings.aclSecretKey)
                                     if settings.aclAccessKey else None)
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,
                                                parse_delay_levels(settings.messageDelayLevel))
@@ -361,7 +364,7 @@ class Broker:
         port = settings.fast_port
         if not port:
             return None
-        fast = RemotingServer(settings.listenHost, port, name="broker VIP channel", stats=main.stats)
+        fast = RemotingServer(settings.listenHost, port, name="broker VIP channel", stats=main.stats, tls=main.tls)
         fast.latency = main.latency
         fast.handlers = {code: h for code, h in main.handlers.items() if code != RequestCode.PULL_MESSAGE}
         return fast

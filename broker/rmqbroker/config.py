@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmqbroker.remoting import tls
 from rmqbroker.store.config import DEFAULT_MESSAGE_DELAY_LEVEL as DEFAULT_DELAY_LEVELS
 from rmqbroker.store.config import parse_delay_levels
 from rmqbroker.store.message_store import ROLES
@@ -129,6 +130,11 @@ class BrokerSettings:
     cleanFileForciblyEnable: bool = field(default=True, metadata=_key("cleanFileForciblyEnable"))
     cleanResourceInterval: int = field(default=10000, metadata=_key("cleanResourceInterval"))
     deleteCommitLogFilesInterval: int = field(default=100, metadata=_key("deleteCommitLogFilesInterval"))
+    # TLS on the remoting ports (remoting/tls.py). Java takes the mode and the client switch as JVM
+    # properties (-Dtls.server.mode, -Dtls.enable) and certificates from its tls.properties file.
+    tlsServerMode: str = field(default="permissive", metadata=_key("tlsServerMode"))
+    tlsEnable: bool = field(default=False, metadata=_key("tlsEnable"))
+    tlsConfigFile: str = field(default=tls.DEFAULT_CONFIG_FILE, metadata=_key("tlsConfigFile"))
 
     # -- derived values --
     @property
@@ -173,6 +179,13 @@ class BrokerSettings:
     @property
     def namesrv_addrs(self) -> list[str]:
         return [a.strip() for a in self.namesrvAddr.split(";") if a.strip()]
+
+    def tls_settings(self) -> tls.TlsSettings:
+        """The remoting ports' TLS settings, with tlsConfigFile read and its certificates loaded."""
+        try:
+            return tls.load_settings(self.tlsServerMode, self.tlsEnable, self.tlsConfigFile)
+        except tls.TlsConfigError as exc:
+            raise ConfigError(f"TLS: {exc}") from exc
 
     def admin_token(self) -> str:
         """The configured admin bearer token ("" when none is configured)."""
@@ -333,6 +346,8 @@ def _validate_addresses(s: BrokerSettings) -> None:
 def _validate(s: BrokerSettings) -> None:
     if s.brokerRole not in ROLES:
         raise ConfigError(f"brokerRole: expected one of {', '.join(ROLES)}, got {s.brokerRole!r}")
+    if s.tlsServerMode not in tls.MODES:
+        raise ConfigError(f"tlsServerMode: expected one of {', '.join(tls.MODES)}, got {s.tlsServerMode!r}")
     if s.flushDiskType not in FLUSH_TYPES:
         raise ConfigError(f"flushDiskType: expected one of {', '.join(FLUSH_TYPES)}, got {s.flushDiskType!r}")
     if s.brokerRole == "SLAVE" and s.brokerId <= 0:

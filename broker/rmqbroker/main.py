@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = build_settings(read_conf(args.config), overrides=overrides)
         settings.admin_token()  # an unreadable or empty token file is a configuration error
+        settings.tls_settings()  # so is a TLS file or certificate that cannot be loaded
         if settings.aclEnable:
             PlainAcl.load(settings.acl_path)  # a missing or malformed ACL file too
     except (ConfigError, AclConfigError, OSError) as exc:

@@ -138,7 +138,7 @@ class Proc:
 class Namesrv(Proc):
     def __init__(self, workdir: Path, port: int | None = None, expiry: float = 120.0,
                  scan_interval: float | None = None, kv_config_path: Path | None = None,
-                 order_message_enable: bool = False) -> None:
+                 order_message_enable: bool = False, extra_args: list[str] | None = None) -> None:
         self.port = port or free_port()
         # The KV config under the test's directory, never the default ~/namesrv/kvConfig.json.
         self.kv_config_path = kv_config_path or workdir / f"namesrv-{self.port}" / "kvConfig.json"
@@ -148,6 +148,7 @@ class Namesrv(Proc):
             args += ["--scan-interval-seconds", str(scan_interval)]
         if order_message_enable:
             args += ["--order-message-enable"]
+        args += extra_args or []
         super().__init__(args, workdir / f"namesrv-{self.port}.log")
 
     @property

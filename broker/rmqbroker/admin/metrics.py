@@ -62,9 +62,16 @@ class BrokerCollector(Collector):
         yield bad
         malformed = CounterMetricFamily("rmq_malformed_frames", "Malformed frames (connection closed)",
                                         labels=[*names, "reason"])
-        for reason in ("bad_length", "bad_header", "truncated"):
+        for reason in ("bad_length", "bad_header", "truncated", "tls_not_enabled"):
             malformed.add_metric([*values, reason], r.malformed_frames.get(reason, 0))
         yield malformed
+        yield counter("rmq_remoting_tls_connections", "Connections served over TLS", r.tls_connections)
+        refused = CounterMetricFamily("rmq_remoting_tls_refused",
+                                      "Connections closed before their first frame: plain ones on a TLS-enforcing "
+                                      "port, failed TLS handshakes", labels=[*names, "reason"])
+        for reason in ("plaintext", "handshake", "setup"):
+            refused.add_metric([*values, reason], r.tls_refused.get(reason, 0))
+        yield refused
         rejected = CounterMetricFamily("rmq_send_rejected", "Sends answered with an error code",
                                        labels=[*names, "code"])
         for code, n in sorted(s.send_rejected.items()):

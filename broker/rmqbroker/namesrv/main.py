@@ -15,6 +15,9 @@ from rmqbroker.namesrv.processor import NamesrvProcessor
 from rmqbroker.namesrv.routeinfo import RouteInfoManager
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.remoting.server import RemotingServer
+from rmqbroker.remoting.tls import DEFAULT_CONFIG_FILE as DEFAULT_TLS_FILE
+from rmqbroker.remoting.tls import MODES, TlsSettings
+from rmqbroker.remoting.tls import load_settings as load_tls_settings
 from rmqbroker.runtime import Supervisor, raise_fd_limit, run_until_signal, setup_logging
 
 log = logging.getLogger(__name__)
@@ -29,10 +32,11 @@ class Namesrv:
 
     def __init__(self, host: str, port: int, broker_expiry_seconds: float = 120.0,
                  scan_interval_seconds: float = 10.0, kv: KVConfigStore | None = None,
-                 order_message_enable: bool = False) -> None:
+                 order_message_enable: bool = False, tls: TlsSettings | None = None) -> None:
         self.routes = RouteInfoManager()
         self.kv = kv if kv is not None else KVConfigStore(None)
-        self.server = RemotingServer(host, port, name="namesrv")
+        self.tls = tls
+        self.server = RemotingServer(host, port, name="namesrv", tls=tls)
         self.host = host
         self.order_message_enable = order_message_enable
         NamesrvProcessor(self.routes, self.kv, order_message_enable, self.config_properties).register(self.server)
@@ -94,6 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--order-message-enable", type=_bool, nargs="?", const=True, default=None,
                         help="routes carry the topic's orderTopicConf (KV namespace ORDER_TOPIC_CONFIG); "
                              "true or false, alone means true (env RMQ_NAMESRV_ORDER_MESSAGE_ENABLE, default false)")
+    parser.add_argument("--tls-server-mode", choices=MODES,
+                        default=os.environ.get("RMQ_NAMESRV_TLS_SERVER_MODE", "permissive"),
+                        help="TLS on the listen port, RocketMQ's tls.server.mode: disabled, permissive (plain and TLS "
+                             "clients) or enforcing (TLS only) (env RMQ_NAMESRV_TLS_SERVER_MODE, default permissive)")
+    parser.add_argument("--tls-config-file", default=os.environ.get("RMQ_NAMESRV_TLS_CONFIG_FILE", DEFAULT_TLS_FILE),
+                        help="RocketMQ's tls.properties: certificates, client authentication, test mode (env "
+                             f"RMQ_NAMESRV_TLS_CONFIG_FILE, default {DEFAULT_TLS_FILE}, read when it exists)")
     parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
@@ -102,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         host, port = split_addr(args.listen)
         if args.order_message_enable is None:
             args.order_message_enable = _bool(os.environ.get("RMQ_NAMESRV_ORDER_MESSAGE_ENABLE", "false"))
+        tls = load_tls_settings(args.tls_server_mode, False, args.tls_config_file)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
     kv = KVConfigStore(args.kv_config_path)
@@ -115,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run(stop: asyncio.Event) -> None:
         ns = Namesrv(host, port, args.broker_expiry_seconds, args.scan_interval_seconds, kv,
-                     args.order_message_enable)
+                     args.order_message_enable, tls)
         await ns.start()
         print(f"rmq-namesrv listening on {host}:{ns.server.port}", flush=True)
         await stop.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import struct
 from collections.abc import Callable
 from typing import cast
@@ -112,8 +113,11 @@ class RemotingClient:
     """Request/response client with per-address connection reuse."""
 
     def __init__(self, connect_timeout: float = 3.0,
-                 on_request: Callable[[str, RemotingCommand], None] | None = None) -> None:
+                 on_request: Callable[[str, RemotingCommand], None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout = connect_timeout
+        # TLS for every connection (RocketMQ's tls.enable); see remoting/tls.py.
+        self.ssl_context = ssl_context
         # Requests a server sends on our connections (e.g. CHECK_TRANSACTION_STATE), with its address.
         self.on_request = on_request
         self._conns: dict[str, _ClientConnection] = {}
@@ -137,7 +141,8 @@ class RemotingClient:
             loop = asyncio.get_running_loop()
             try:
                 _, proto = await asyncio.wait_for(
-                    loop.create_connection(lambda: _ClientConnection(self, addr), host, port),
+                    loop.create_connection(lambda: _ClientConnection(self, addr), host, port,
+                                           ssl=self.ssl_context),
                     self.connect_timeout)
             except (OSError, TimeoutError) as exc:
                 raise RemotingConnectError(f"cannot connect to {addr}: {exc}") from exc

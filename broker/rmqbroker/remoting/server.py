@@ -27,6 +27,7 @@ from rmqbroker.remoting.frame import (
     encode_header,
 )
 from rmqbroker.remoting.latency import RequestLatency
+from rmqbroker.remoting.tls import HANDSHAKE_RECORD, SniffingListener, TlsSettings
 from rmqbroker.remoting.wire import BadRequestError, HeaderError
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,18 @@ class RemotingStats:
     handler_errors: int = 0
     header_errors: int = 0
     bad_requests: dict[int, int] = field(default_factory=dict)  # other BadRequestErrors, by request code
+    tls_connections: int = 0
+    # Connections refused before any frame: plain ones in enforcing mode, failed TLS handshakes.
+    tls_refused: dict[str, int] = field(default_factory=dict)
 
     def malformed(self, reason: str) -> None:
         self.malformed_frames[reason] = self.malformed_frames.get(reason, 0) + 1
+
+    def tls_refused_one(self, reason: str) -> None:
+        self.tls_refused[reason] = self.tls_refused.get(reason, 0) + 1
+
+    def tls_connection(self) -> None:
+        self.tls_connections += 1
 
     def bad_request(self, code: int) -> None:
         self.bad_requests[code] = self.bad_requests.get(code, 0) + 1
@@ -188,7 +198,11 @@ class Connection(asyncio.Protocol):
             # The big-endian length field from four byte reads: compiled, no tuple per frame.
             length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
             if length < 4 or length + 4 > MAX_FRAME_BYTES:  # a negative int32 is >= 2**31 here
-                self._malformed("bad_length", f"frame length {length}")
+                if data[pos] == HANDSHAKE_RECORD and data[pos + 1] == 3:
+                    # A TLS record (type 22, version 3.x): a TLS client on a port without TLS.
+                    self._malformed("tls_not_enabled", "a TLS handshake on a port whose tlsServerMode is disabled")
+                else:
+                    self._malformed("bad_length", f"frame length {length}")
                 return
             frame_end = pos + 4 + length
             if frame_end > end:
@@ -373,10 +387,13 @@ class RemotingServer:
     """A listener whose requests are dispatched to handlers registered per request code."""
 
     def __init__(self, host: str, port: int, *, name: str = "remoting",
-                 stats: RemotingStats | None = None) -> None:
+                 stats: RemotingStats | None = None, tls: TlsSettings | None = None) -> None:
         self.host = host
         self.port = port
         self.name = name
+        # None or mode "disabled": plain connections only, accepted by the loop itself.
+        self.tls = tls
+        self._listener: SniffingListener | None = None
         self.stats = stats if stats is not None else RemotingStats()
         self.handlers: dict[int, Handler] = {}
         self.connections: set[Connection] = set()
@@ -409,6 +426,15 @@ class RemotingServer:
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
+        tls = self.tls
+        if tls is not None and tls.server_mode != "disabled":
+            stats = self.stats
+            listener = SniffingListener(tls, lambda: Connection(self), self.name, stats.tls_refused_one,
+                                        stats.tls_connection)
+            self.port = await listener.start(self.host, self.port)
+            self._listener = listener
+            log.info("%s listening on %s:%d (TLS %s)", self.name, self.host, self.port, tls.server_mode)
+            return
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port,
                                                 reuse_address=True, backlog=1024)
         # A list under uvloop where typeshed declares a tuple: read it untyped, or mypyc's
@@ -418,6 +444,14 @@ class RemotingServer:
         log.info("%s listening on %s:%d", self.name, self.host, self.port)
 
     async def stop(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            self._listener = None
+            listener.close()
+            for conn in list(self.connections):
+                conn.close()
+            await listener.wait_closed()
+            return
         if self._server is None:
             return
         self._server.close()
