@@ -218,7 +218,8 @@ def _start_fails(args: list[str], cwd: Path) -> str:
     ({"@file": "tls.test.mode.enable=maybe\n"}, "tls.test.mode.enable: expected true or false"),
     ({"@file": "tls.server.need.client.auth=sometimes\n"}, "tls.server.need.client.auth: expected one of"),
     ({"tlsServerMode": "disabled", "tlsEnable": "true",
-      "@file": "tls.test.mode.enable=false\ntls.client.authServer=true\ntls.client.trustCertPath=/nonexistent/ca.crt\n"},
+      "@file": "tls.test.mode.enable=false\ntls.client.authServer=true\n"
+               "tls.client.trustCertPath=/nonexistent/ca.crt\n"},
      "tls.client.trustCertPath=/nonexistent/ca.crt: cannot load the trusted certificates"),
 ])
 def test_bad_tls_settings_stop_the_broker_with_the_key(tmp_path: Path, conf: dict[str, str], expected: str) -> None:
