@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from rmqbroker.acl import sign
 from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_keyed, loads_with_mq_keys
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG
-from rmqbroker.remoting import wire
+from rmqbroker.remoting import tls, wire
 from rmqbroker.remoting.client import RemotingClient, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
@@ -35,10 +36,11 @@ class AdminError(Exception):
 class Admin:
     """Requests to nameservers and brokers on one client."""
 
-    def __init__(self, namesrv: str | None, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(self, namesrv: str | None, credentials: tuple[str, str] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.namesrvs = [a.strip() for a in (namesrv or "").split(";") if a.strip()]
         self.credentials = credentials
-        self.client = RemotingClient()
+        self.client = RemotingClient(ssl_context=ssl_context)
 
     async def call(self, addr: str, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
                    ok: tuple[int, ...] = (ResponseCode.SUCCESS,), timeout: float = TIMEOUT) -> RemotingCommand:
@@ -984,6 +986,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sign requests for brokers with aclEnable (default $RMQ_ACCESS_KEY)")
         sp.add_argument("--secretKey", dest="secret_key", default=os.environ.get("RMQ_SECRET_KEY"),
                         help="the account's secret key (default $RMQ_SECRET_KEY)")
+        sp.add_argument("--tls", action="store_true", default=os.environ.get("RMQ_TLS_ENABLE", "") == "true",
+                        help="connect over TLS, as mqadmin with -Dtls.enable=true (default $RMQ_TLS_ENABLE)")
+        sp.add_argument("--tlsConfigFile", dest="tls_config_file",
+                        default=os.environ.get("RMQ_TLS_CONFIG_FILE", tls.DEFAULT_CONFIG_FILE),
+                        help="tls.properties with the tls.client.* certificate keys (default $RMQ_TLS_CONFIG_FILE, "
+                             f"else {tls.DEFAULT_CONFIG_FILE} when it exists)")
     for names, whom in ((("updateTopic", "updateSubGroup", "deleteSubGroup", "updateBrokerConfig"),
                          "every master of this cluster"),
                         (("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic", "brokerStatus",
@@ -1100,7 +1108,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> str:
     if bool(args.access_key) != bool(args.secret_key):
         raise AdminError("give both --accessKey and --secretKey, or neither")
-    admin = Admin(args.namesrv, (args.access_key, args.secret_key) if args.access_key else None)
+    ssl_context = None
+    if args.tls:
+        try:
+            ssl_context = tls.client_context(tls.load_settings("disabled", True, args.tls_config_file))
+        except tls.TlsConfigError as exc:
+            raise AdminError(f"TLS: {exc}") from exc
+    admin = Admin(args.namesrv, (args.access_key, args.secret_key) if args.access_key else None, ssl_context)
     try:
         fn = COMMANDS[args.command][0]
         return await fn(admin, args)

@@ -50,6 +50,11 @@ DATA_DIR = "/data"
 ACL_DIR = "/etc/rmq/acl"
 ACL_FILE_KEY = "plain_acl.yml"
 ACL_ENV = (("RMQ_BROKER_ACL_ACCESS_KEY", "accessKey"), ("RMQ_BROKER_ACL_SECRET_KEY", "secretKey"))
+# spec.tls.secretName: the Secret's tls.crt, tls.key and ca.crt are mounted here, and the ConfigMap's
+# tls.properties (RocketMQ's keys) points brokers and nameservers at them.
+TLS_DIR = "/etc/rmq/tls"
+TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+TLS_PROPERTIES = "tls.properties"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 APPLIED_SPEC_ANNOTATION = f"{GROUP}/applied-spec"
 GROUP_LABEL = f"{GROUP}/group"
@@ -199,10 +204,42 @@ def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ord
     if spec.acl_secret:
         conf["aclEnable"] = "true"
         conf["aclFile"] = f"{ACL_DIR}/{ACL_FILE_KEY}"
+    if spec.tls_secret:
+        conf["tlsServerMode"] = spec.tls_mode
+        conf["tlsEnable"] = "true"
+        conf["tlsConfigFile"] = f"{CONF_DIR}/{TLS_PROPERTIES}"
     conf.update(sorted(spec.broker_config.items()))
     header = (f"# {spec.broker_name} pod {pod_name(spec, ordinal)}: rendered by rmq-operator, do not edit.\n"
               f"# brokerIP1 comes from ${BROKER_IP_ENV} (the pod IP).\n")
     return header + "".join(f"{k}={v}\n" for k, v in conf.items())
+
+
+def render_tls_properties(spec: GroupSpec) -> str:
+    """tls.properties for brokers and nameservers: the Secret's certificate as server and client,
+    its CA trusted both ways (host names are not checked, as in RocketMQ)."""
+    verify_clients = spec.tls_client_auth != "none"
+    props = {
+        "tls.test.mode.enable": "false",
+        "tls.server.certPath": f"{TLS_DIR}/tls.crt",
+        "tls.server.keyPath": f"{TLS_DIR}/tls.key",
+        "tls.server.need.client.auth": spec.tls_client_auth,
+        "tls.server.authClient": str(verify_clients).lower(),
+        "tls.server.trustCertPath": f"{TLS_DIR}/ca.crt",
+        "tls.client.certPath": f"{TLS_DIR}/tls.crt",
+        "tls.client.keyPath": f"{TLS_DIR}/tls.key",
+        "tls.client.authServer": "true",
+        "tls.client.trustCertPath": f"{TLS_DIR}/ca.crt",
+    }
+    header = f"# {spec.name}: rendered by rmq-operator from spec.tls, do not edit.\n"
+    return header + "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _tls_volume(spec: GroupSpec) -> Obj:
+    return {"name": "tls", "secret": {"secretName": spec.tls_secret, "defaultMode": 0o440,
+                                      "items": [{"key": k, "path": k} for k in TLS_KEYS]}}
+
+
+_TLS_MOUNT: Obj = {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
 
 
 def master_ordinal_of(assignment: Assignment) -> int:
@@ -212,6 +249,8 @@ def master_ordinal_of(assignment: Assignment) -> int:
 def config_map(spec: GroupSpec, assignment: Assignment) -> Obj:
     master = master_ordinal_of(assignment)
     data = {f"broker-{o}.conf": render_broker_conf(spec, o, b, master) for o, b in sorted(assignment.items())}
+    if spec.tls_secret:
+        data[TLS_PROPERTIES] = render_tls_properties(spec)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(spec, config_name(spec), "broker", {APPLIED_SPEC_ANNOTATION: spec.to_json()}),
             "data": data}
@@ -325,6 +364,9 @@ def _broker_pod_template(spec: GroupSpec) -> Obj:
         container["env"] += [{"name": env, "valueFrom": {"secretKeyRef": {"name": spec.acl_secret, "key": key,
                                                                           "optional": True}}}
                              for env, key in ACL_ENV]
+    if spec.tls_secret:
+        volumes.append(_tls_volume(spec))
+        container["volumeMounts"].append(dict(_TLS_MOUNT))
     return {
         "metadata": _pod_metadata(spec, "broker", {CONFIG_HASH_ANNOTATION: config_hash(spec)}),
         "spec": {
@@ -356,6 +398,8 @@ def config_hash(spec: GroupSpec) -> str:
     }
     if spec.acl_secret:  # only when set: groups without an ACL keep the hash they had
         material["acl"] = spec.acl_secret
+    if spec.tls_secret:  # likewise (its mode and client auth are in the conf and tls.properties)
+        material["tls"] = [spec.tls_secret, render_tls_properties(spec)]
     if spec.scheduling != SchedulingSpec():
         # Placement applies when a pod is scheduled: moving brokers means restarting them. The
         # default is left out so that groups from before scheduling existed keep their hash.
@@ -442,6 +486,18 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
     }
     if ns.resources:
         container["resources"] = ns.resources
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
+    pod_annotations: dict[str, str] | None = None
+    if spec.tls_secret:
+        container["args"] += ["--tls-server-mode", spec.tls_mode,
+                              "--tls-config-file", f"{CONF_DIR}/{TLS_PROPERTIES}"]
+        container["volumeMounts"] += [{"name": "conf", "mountPath": CONF_DIR, "readOnly": True}, dict(_TLS_MOUNT)]
+        volumes += [{"name": "conf", "configMap": {"name": config_name(spec),
+                                                   "items": [{"key": TLS_PROPERTIES, "path": TLS_PROPERTIES}]}},
+                    _tls_volume(spec)]
+        # The nameservers read their TLS files at start: a change of spec.tls rolls them.
+        tls_hash = hashlib.sha256(json.dumps([spec.tls_secret, render_tls_properties(spec)]).encode()).hexdigest()
+        pod_annotations = {f"{GROUP}/tls-hash": tls_hash[:16]}
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": _meta(spec, namesrv_sts_name(spec), "namesrv"),
@@ -453,10 +509,10 @@ def namesrv_statefulset(spec: GroupSpec) -> Obj:
             "updateStrategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": selector(spec, "namesrv")},
             "template": {
-                "metadata": _pod_metadata(spec, "namesrv"),
+                "metadata": _pod_metadata(spec, "namesrv", pod_annotations),
                 "spec": {"enableServiceLinks": False, "automountServiceAccountToken": False,
                          "securityContext": _pod_security(),
-                         "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}],
+                         "containers": [container], "volumes": volumes,
                          **_scheduling(spec, "namesrv"), **_pull_secrets(spec)},
             },
         },

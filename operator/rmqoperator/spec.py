@@ -118,6 +118,11 @@ class GroupSpec:
     restart_at: str = ""
     # Secret holding plain_acl.yml (and optionally accessKey/secretKey for the slaves' sync): ACL on.
     acl_secret: str = ""
+    # spec.tls: Secret with tls.crt, tls.key and ca.crt (cert-manager's layout): TLS on the remoting
+    # ports in tls_mode, the brokers' own connections over TLS, clients verified per tls_client_auth.
+    tls_secret: str = ""
+    tls_mode: str = "enforcing"
+    tls_client_auth: str = "none"
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     # Names of Secrets to pull the images with (every pod of the group: brokers, nameservers, jobs).
     image_pull_secrets: tuple[str, ...] = ()
@@ -146,6 +151,11 @@ class GroupSpec:
         obj["image_pull_secrets"] = tuple(obj.get("image_pull_secrets", ()))
         return GroupSpec(**obj)
 
+
+# spec.tls: the remoting ports' modes a group can run in (RocketMQ's tls.server.mode without
+# "disabled": a group without TLS leaves spec.tls out) and its tls.server.need.client.auth values.
+TLS_MODES = ("permissive", "enforcing")
+TLS_CLIENT_AUTH = ("none", "optional", "require")
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -257,6 +267,9 @@ def parse_spec(body: Mapping[str, Any]) -> GroupSpec:
         verification=dict(_obj(spec, "verification", "spec.")),
         restart_at=str(annotations.get(RESTART_ANNOTATION, "")),
         acl_secret=_get(_obj(spec, "acl", "spec."), "secretName", str, "", "spec.acl.") or "",
+        tls_secret=_get(_obj(spec, "tls", "spec."), "secretName", str, "", "spec.tls.") or "",
+        tls_mode=_get(_obj(spec, "tls", "spec."), "mode", str, "enforcing", "spec.tls."),
+        tls_client_auth=_get(_obj(spec, "tls", "spec."), "clientAuth", str, "none", "spec.tls."),
         scheduling=_parse_scheduling(spec),
         image_pull_secrets=_pull_secrets(spec),
         pod_annotations=_string_map(spec, "podAnnotations"),
@@ -332,6 +345,10 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append("spec.scheduling.topologyKey must not be empty")
     if not quantity_bytes(spec.storage_size):
         out.append(f"spec.storage.size {spec.storage_size!r} is not a storage quantity (e.g. 10Gi)")
+    if spec.tls_secret and spec.tls_mode not in TLS_MODES:
+        out.append(f"spec.tls.mode must be one of {', '.join(TLS_MODES)}")
+    if spec.tls_secret and spec.tls_client_auth not in TLS_CLIENT_AUTH:
+        out.append(f"spec.tls.clientAuth must be one of {', '.join(TLS_CLIENT_AUTH)}")
     ports = [spec.ports.listen, spec.ports.ha, spec.ports.admin, spec.ports.vip]
     if len(set(ports)) != len(ports):
         out.append("spec.ports: listen, ha, admin and the VIP channel (listen - 2) must differ")

@@ -123,6 +123,7 @@ def test_a_key_read_at_start_up_is_saved_for_the_next_start(cluster: Cluster) ->
     ("brokerRole=SLAVE", ResponseCode.NO_PERMISSION, ["brokerRole", "POST /role"]),
     ("adminToken=stolen", ResponseCode.NO_PERMISSION, ["adminToken"]),
     ("listenPort=1", ResponseCode.NO_PERMISSION, ["listenPort"]),
+    ("tlsServerMode=disabled", ResponseCode.NO_PERMISSION, ["tlsServerMode", "TLS setting"]),
     ("storePathRootDir=/tmp/x\nslaveReadEnable=true", ResponseCode.NO_PERMISSION, ["storePathRootDir"]),
 ])
 def test_a_refused_change_changes_nothing(shared_cluster: Cluster, body: str, code: int, words: list[str]) -> None:

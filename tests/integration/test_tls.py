@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from rmqbroker.admin_cli import main as admin_main
 from rmqbroker.remoting.client import RemotingClient, RemotingConnectError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
@@ -134,7 +135,8 @@ def tls_properties(path: Path, pki: dict[str, Any], *, client_auth: str = "requi
     return path
 
 
-def test_enforcing_with_client_certificates(cluster: Cluster, pki: dict[str, Any], tmp_path: Path) -> None:
+def test_enforcing_with_client_certificates(cluster: Cluster, pki: dict[str, Any], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Enforcing mode with a CA: plain connections and clients without a CA-signed certificate are
     refused and counted; the broker registers with the TLS nameserver; a slave syncs its master's
     metadata and replicates over TLS (the HA port stays plain, as in Java)."""
@@ -193,6 +195,12 @@ def test_enforcing_with_client_certificates(cluster: Cluster, pki: dict[str, Any
     assert metric_delta(before, master.metrics(), "rmq_remoting_tls_connections_total") >= 11
     assert metric_value(slave.metrics(), "rmq_remoting_tls_refused_total") == 0
 
+    # rmq-admin over TLS with the same file's client certificate; in plain it cannot reach the group.
+    assert admin_main(["topicStatus", "-n", ns.addr, "-t", "TopicTls", "--tls", "--tlsConfigFile", str(props)]) == 0
+    out = capsys.readouterr().out
+    assert "TopicTls" in out or "broker-a" in out, out
+    assert admin_main(["topicStatus", "-n", ns.addr, "-t", "TopicTls"]) != 0
+
 
 def test_disabled_mode_closes_a_tls_client_and_counts_it(cluster: Cluster) -> None:
     broker = cluster.broker(None, tlsServerMode="disabled")
@@ -246,3 +254,34 @@ def test_bad_tls_settings_stop_the_nameserver(tmp_path: Path, pki: dict[str, Any
                            "--tls-server-mode", "enforcing", "--tls-config-file", str(props),
                            "--kv-config-path", str(tmp_path / "kv.json")], tmp_path)
     assert "cannot load the certificate and key" in stderr, stderr
+
+
+def test_renewed_certificate_is_served_without_a_restart(cluster: Cluster, tmp_path: Path) -> None:
+    """A renewed certificate (a Secret updated by cert-manager) reaches new connections within
+    seconds; a renewal whose files do not match is logged and the previous certificate kept."""
+    ca = TestCA(tmp_path / "pki")
+    first = ca.issue("server")
+    props = tmp_path / "tls.properties"
+    props.write_text(f"tls.test.mode.enable=false\ntls.server.certPath={first.cert}\ntls.server.keyPath={first.key}\n")
+    broker = cluster.broker(None, tlsServerMode="enforcing", tlsConfigFile=str(props))
+    trust = client_ctx(ca.cert)
+    assert peer_certificate(broker.addr, trust)["subject"] == "CN=server"
+
+    renewed = ca.issue("server-renewed")
+    first.cert.write_bytes(renewed.cert.read_bytes())
+    first.key.write_bytes(renewed.key.read_bytes())
+    poll(lambda: peer_certificate(broker.addr, trust)["subject"] == "CN=server-renewed", 15,
+         what="the renewed certificate served")
+
+    # A certificate without its key (half a renewal): the broker keeps serving the last good pair.
+    first.cert.write_bytes(ca.issue("server-broken").cert.read_bytes())
+    served = []
+
+    def bad_renewal_logged() -> bool:
+        served.append(peer_certificate(broker.addr, trust)["subject"])  # a handshake looks at the files
+        return "do not load; keeping the previous ones" in broker.log_text()
+
+    poll(bad_renewal_logged, 15, what="the bad renewal logged")
+    assert set(served) == {"CN=server-renewed"}
+    assert peer_certificate(broker.addr, trust)["subject"] == "CN=server-renewed"
+    assert tls_rpc(broker.addr, RequestCode.GET_BROKER_RUNTIME_INFO, trust).code == ResponseCode.SUCCESS

@@ -380,6 +380,11 @@ class ProcessBackend:
                 # The container binds 0.0.0.0 in its own network namespace; here the pod's address.
                 text += f"listenHost={ip}\n"
                 conf_path.write_text(text)
+        for local in files.values():
+            # spec.tls's tls.properties names the Secret's mount path: point it at the local folder.
+            props = local / "tls.properties"
+            if props.is_file():
+                props.write_text(runner.rewrite(props.read_text(), files))
         log_path = self.workdir / "logs" / f"{name}-{len(self.logs.get(name, []))}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.logs.setdefault(name, []).append(log_path)

@@ -5,16 +5,20 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rmqbroker.config import build_settings, env_name, parse_properties
+from rmqbroker.remoting import tls
 from rmqoperator import builders
 from rmqoperator.reconcile import complete_assignment
 from rmqoperator.spec import GroupSpec, SpecError, parse_spec, problems
 from rmqoperator.verification import VerificationSpec
 from tests.operator.conftest import example
+from tests.support.certs import TestCA
 
 
 def spec_of(**fields: Any) -> GroupSpec:
@@ -168,6 +172,53 @@ def test_acl_secret_mounts_the_file_and_turns_the_acl_on() -> None:
     assert len(hashes) == 3
 
 
+def test_tls_secret_mounts_certificates_and_renders_tls_properties(tmp_path: Path) -> None:
+    """spec.tls: brokers and managed nameservers mount the Secret and read a tls.properties that
+    RocketMQ's loader accepts; brokers connect over TLS themselves; a change rolls both."""
+    plain = spec_of(replicas=2)
+    spec = spec_of(replicas=2, tls={"secretName": "rmq-tls", "clientAuth": "require"})
+    assert (spec.tls_secret, spec.tls_mode, spec.tls_client_auth) == ("rmq-tls", "enforcing", "require")
+    assert problems(spec) == []
+    settings = build_settings(builders.render_broker_conf(spec, 1, 1, 0), env={})
+    assert (settings.tlsServerMode, settings.tlsEnable) == ("enforcing", True)
+    assert settings.tlsConfigFile == "/etc/rmq/conf/tls.properties"
+    plain_settings = build_settings(builders.render_broker_conf(plain, 1, 1, 0), env={})
+    assert (plain_settings.tlsServerMode, plain_settings.tlsEnable) == ("permissive", False)
+
+    data = builders.config_map(spec, complete_assignment({}, 2))["data"]
+    assert "tls.properties" not in builders.config_map(plain, complete_assignment({}, 2))["data"]
+    # The rendered file with the Secret's files where the pod would mount them: the broker's own
+    # loader takes it, and requires (and verifies) client certificates from the CA.
+    ca = TestCA(tmp_path / "secret")
+    leaf = ca.issue("broker-a")
+    leaf.cert.rename(tmp_path / "secret" / "tls.crt")
+    leaf.key.rename(tmp_path / "secret" / "tls.key")
+    props = tmp_path / "tls.properties"
+    props.write_text(data["tls.properties"].replace("/etc/rmq/tls/", f"{tmp_path / 'secret'}/"))
+    loaded = tls.load_settings(settings.tlsServerMode, settings.tlsEnable, str(props))
+    assert not loaded.test_mode and loaded.server_need_client_auth == "require"
+    assert tls.server_context(loaded).verify_mode == ssl.CERT_REQUIRED
+    client = tls.client_context(loaded)
+    assert client is not None and client.verify_mode == ssl.CERT_REQUIRED
+
+    for component, pod in _pod_specs(spec).items():
+        volume = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]
+        assert volume["secretName"] == "rmq-tls"
+        assert [i["key"] for i in volume["items"]] == ["tls.crt", "tls.key", "ca.crt"], component
+        assert {"name": "tls", "mountPath": "/etc/rmq/tls", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    args = _pod_specs(spec)["namesrv"]["containers"][0]["args"]
+    assert args[args.index("--tls-server-mode") + 1] == "enforcing"
+    assert args[args.index("--tls-config-file") + 1] == "/etc/rmq/conf/tls.properties"
+    for component, pod in _pod_specs(plain).items():
+        assert "tls" not in {v["name"] for v in pod["volumes"]}, component
+    # Turning TLS on, or changing its Secret or mode, restarts brokers and rolls nameservers.
+    variants = (plain, spec, dataclasses.replace(spec, tls_secret="other"),
+                dataclasses.replace(spec, tls_mode="permissive"))
+    assert len({builders.config_hash(s) for s in variants}) == 4
+    templates = [builders.namesrv_statefulset(s)["spec"]["template"] for s in variants]
+    assert len({json.dumps(t, sort_keys=True) for t in templates}) == 4
+
+
 def test_services_and_secret() -> None:
     spec = spec_of()
     svc = builders.broker_headless_service(spec)
@@ -281,7 +332,7 @@ def test_children_validate_against_kubernetes_schemas(managed: bool, acl: bool, 
     ns = {"managed": {"replicas": 2}} if managed else {"addresses": ["10.0.0.1:9876"]}
     spec = spec_of(replicas=3, nameServer=ns, resources={"limits": {"memory": "2Gi", "cpu": 2}},
                    storage={"size": "5Gi", "storageClassName": "ssd"},
-                   **({"acl": {"secretName": "rmq-acl"}} if acl else {}),
+                   **({"acl": {"secretName": "rmq-acl"}, "tls": {"secretName": "rmq-tls"}} if acl else {}),
                    **({"scheduling": FULL_SCHEDULING, **POD_EXTRAS} if scheduling else {}))
     spec = dataclasses.replace(spec, uid="0f0f0f0f-aaaa-bbbb-cccc-000000000000")
     for obj in [*builders.children(spec, complete_assignment({}, 3), 3), builders.admin_secret(spec, "t")]:

@@ -152,6 +152,8 @@ def test_address_pattern_never_accepts_what_the_broker_refuses() -> None:
     {"verification": {"schedule": "@daily"}},
     {"failover": {"enabled": False, "masterLostSeconds": 3600, "allowDataLoss": True}},
     {"acl": {"secretName": "rmq-acl.v2"}},
+    {"tls": {"secretName": "rmq-tls"}},
+    {"tls": {"secretName": "rmq-tls", "mode": "permissive", "clientAuth": "require"}},
     {"scheduling": {"podAntiAffinity": "None"}},
     {"scheduling": {
         "podAntiAffinity": "Required", "topologyKey": "topology.kubernetes.io/zone",
@@ -195,6 +197,9 @@ def test_valid_variants(spec: dict[str, Any]) -> None:
     ({"verification": {"schedule": "daily"}}, "schedule"),
     ({"acl": {}}, "secretName"),
     ({"acl": {"secretName": "Rmq_ACL"}}, "secretName"),
+    ({"tls": {"mode": "enforcing"}}, "secretName"),
+    ({"tls": {"secretName": "rmq-tls", "mode": "disabled"}}, "mode"),
+    ({"tls": {"secretName": "rmq-tls", "clientAuth": "always"}}, "clientAuth"),
     ({"scheduling": {"podAntiAffinity": "Sometimes"}}, "podAntiAffinity"),
     ({"scheduling": {"topologyKey": ""}}, "topologyKey"),
     ({"scheduling": {"nodeSelector": {"pool": 1}}}, "nodeSelector"),

@@ -56,6 +56,7 @@ LIVE_KEYS = frozenset({
 # through the admin endpoint's POST /role with epochs, the master through POST /ha/master.
 _IDENTITY = "is the broker's identity in its cluster"
 _SECRET = "is a secret, changed only where it is kept"
+_TLS = "is a TLS setting, changed only in the broker's own configuration"
 FORBIDDEN_KEYS: dict[str, str] = {
     "brokerClusterName": _IDENTITY, "brokerName": _IDENTITY, "brokerId": _IDENTITY,
     "brokerRole": "changes through the admin endpoint's POST /role (with an epoch)",
@@ -64,6 +65,8 @@ FORBIDDEN_KEYS: dict[str, str] = {
     "storePathRootDir": "is where the broker's data is", "storePathCommitLog": "is where the broker's data is",
     "listenHost": "is what the broker listens on", "listenPort": "is a listen port",
     "haListenPort": "is a listen port", "fastListenPort": "is a listen port", "adminListenPort": "is a listen port",
+    # Over the wire a TLS change could only weaken the transport it arrives on.
+    "tlsServerMode": _TLS, "tlsEnable": _TLS, "tlsConfigFile": _TLS,
 }
 
 # Bounds the wait for the nameservers after a brokerPermission change (the loop retries later anyway).

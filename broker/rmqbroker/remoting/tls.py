@@ -22,6 +22,7 @@ import os
 import socket
 import ssl
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -40,6 +41,8 @@ DEFAULT_CONFIG_FILE = "/etc/rocketmq/tls.properties"
 # How long an accepted connection may stay silent before its first byte decides plain or TLS.
 SNIFF_TIMEOUT = 120.0
 HANDSHAKE_TIMEOUT = 30.0
+# How often a server looks whether its certificate files changed.
+RELOAD_CHECK_SECONDS = 5.0
 
 
 class TlsConfigError(ValueError):
@@ -230,6 +233,22 @@ def self_signed_certificate(common_name: str = "localhost") -> tuple[bytes, byte
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+def _files_stamp(s: TlsSettings) -> tuple[tuple[str, float, int], ...]:
+    """Modification time and size of the server's certificate files (none in test mode)."""
+    if s.test_mode:
+        return ()
+    out = []
+    for path in (s.server_cert_path, s.server_key_path, s.server_trust_cert_path):
+        if path:
+            try:
+                st = os.stat(os.path.expanduser(path))
+            except OSError:
+                out.append((path, -1.0, -1))
+            else:
+                out.append((path, st.st_mtime, st.st_size))
+    return tuple(out)
+
+
 class SniffingListener:
     """A listening socket whose connections are served plain or over TLS by their first byte.
 
@@ -249,16 +268,37 @@ class SniffingListener:
         self.on_tls = on_tls
         self.port = 0
         self._context: ssl.SSLContext | None = None
+        self._stamp: tuple[tuple[str, float, int], ...] = ()
+        self._next_check = 0.0
         self._sock: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
     def context(self) -> ssl.SSLContext:
-        """The server context, made once when the first TLS client arrives (test mode makes a key
-        pair then, so a broker that never sees TLS pays nothing for it)."""
-        if self._context is None:
-            self._context = server_context(self.settings)
-        return self._context
+        """The server context, made when the first TLS client arrives (test mode makes a key pair
+        then, so a server that never sees TLS pays nothing for it), and made again for the next
+        handshake when the certificate files change (a renewed Secret), looked at every few
+        seconds. A renewal that does not load is logged and the previous certificate kept."""
+        now = time.monotonic()
+        if self._context is not None and now < self._next_check:
+            return self._context
+        self._next_check = now + RELOAD_CHECK_SECONDS
+        stamp = _files_stamp(self.settings)
+        if self._context is not None and stamp == self._stamp:
+            return self._context
+        try:
+            context = server_context(self.settings)
+        except TlsConfigError as exc:
+            if self._context is None:
+                raise
+            log.error("%s: the changed TLS certificate files do not load; keeping the previous ones: %s",
+                      self.name, exc)
+            self._stamp = stamp
+            return self._context
+        if self._context is not None:
+            log.info("%s: TLS certificate files changed; new connections get the new certificate", self.name)
+        self._context, self._stamp = context, stamp
+        return context
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         loop = asyncio.get_running_loop()
@@ -299,6 +339,9 @@ class SniffingListener:
         conn.setblocking(False)
         try:
             first = await asyncio.wait_for(_peek(conn), SNIFF_TIMEOUT)
+        except asyncio.CancelledError:
+            conn.close()  # the server is stopping
+            raise
         except (TimeoutError, OSError) as exc:
             log.info("%s: %s sent nothing it could be served on (%s); closed", self.name, peer, exc or "timeout")
             conn.close()
