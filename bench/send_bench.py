@@ -334,6 +334,7 @@ class WorkerConfig:
     body: bytes
     home: str
     cpu: int | None
+    tls: bool = False
 
 
 @dataclass
@@ -512,10 +513,16 @@ async def _lean_main(pipe: Connection, cfg: WorkerConfig) -> WorkerResult:
     host, port = cfg.broker_addr.rsplit(":", 1)
     tmpl = FrameTemplate.build(f"BENCH_PG_{cfg.index}", cfg.topic, cfg.queues)
     st = LeanState(result, 0, 0)
+    ssl_context = None
+    if cfg.tls:
+        # As a Java client with -Dtls.enable=true in test mode: TLS without checking the certificate.
+        from rmqbroker.remoting.tls import TlsSettings, client_context
+
+        ssl_context = client_context(TlsSettings(client_enable=True))
     for i in range(cfg.producers):
         _, proto = await loop.create_connection(
-            lambda i=i: LeanProducer(st, tmpl, cfg.body, cfg.window, cfg.burst, cfg.index * 7 + i * 3),  # type: ignore[misc]
-            host, int(port))
+            lambda i=i: LeanProducer(st, tmpl, cfg.body, cfg.window, cfg.burst, cfg.index * 7 + i * 3),
+            host, int(port), ssl=ssl_context)
         st.conns.append(proto)
     pipe.send(("ready", os.getpid()))
     _, t0_wall, t1_wall = await loop.run_in_executor(None, pipe.recv)
@@ -732,7 +739,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             share = args.producers // nproc + (1 if i < args.producers % nproc else 0)
             cpu = (1 + i % (ncpu - 1)) if args.pin and ncpu >= 2 else None
             cfg = WorkerConfig(i, args.client, broker_addr, ns_addr, args.topic, args.queues, share,
-                               args.window, args.burst or max(1, args.window // 2), body, str(home), cpu)
+                               args.window, args.burst or max(1, args.window // 2), body, str(home), cpu,
+                               tls=args.tls)
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=target, args=(child_end, cfg), daemon=True, name=f"gen-{i}")
             proc.start()
@@ -837,7 +845,8 @@ def report(args: argparse.Namespace, s0: CpuSample, s1: CpuSample, results: list
         for k, v in r.error_kinds.items():
             kinds[k] = kinds.get(k, 0) + v
     out: dict[str, Any] = {
-        "client": args.client, "producers": args.producers, "window": args.window if args.client == "lean" else 1,
+        "client": args.client, "tls": bool(getattr(args, "tls", False)),
+        "producers": args.producers, "window": args.window if args.client == "lean" else 1,
         "burst": (args.burst or max(1, args.window // 2)) if args.client == "lean" else 1,
         "gen_procs": nproc, "size": args.size, "flush": args.flush, "seconds": args.seconds,
         "warmup": args.warmup, "queues": args.queues, "pinned": bool(args.pin), "profiled": bool(args.profile),
@@ -873,7 +882,8 @@ def report(args: argparse.Namespace, s0: CpuSample, s1: CpuSample, results: list
 def print_report(r: dict[str, Any]) -> None:
     window = f"window={r['window']}/producer, burst={r['burst']}" if r["client"] == "lean" else \
         "sync send per thread"
-    print(f"send_bench: client={r['client']} producers={r['producers']} ({window}, {r['gen_procs']} generator "
+    over = " over TLS" if r.get("tls") else ""
+    print(f"send_bench: client={r['client']}{over} producers={r['producers']} ({window}, {r['gen_procs']} generator "
           f"process(es){', pinned' if r['pinned'] else ''}) size={r['size']}B flush={r['flush']} "
           f"queues={r['queues']} warmup={r['warmup']}s window={r['wall_s']:.2f}s"
           f"{'  [py-spy attached]' if r['profiled'] else ''}")
@@ -940,6 +950,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024, help="message body bytes")
     ap.add_argument("--flush", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default="ASYNC_FLUSH")
     ap.add_argument("--client", choices=("lean", "cpp"), default="lean")
+    ap.add_argument("--tls", action="store_true",
+                    help="lean: connect over TLS (the broker's default permissive mode, self-signed certificate)")
     ap.add_argument("--window", type=int, default=32, help="lean: requests in flight per producer connection")
     ap.add_argument("--burst", type=int, default=0,
                     help="lean: refill a connection once this many requests completed, so each write() carries "

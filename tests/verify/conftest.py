@@ -163,7 +163,11 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         poll(lambda: _metadata(master)["delayOffsets"].get("offsetTable", {}).get("1") == DELAYED, 20,
              what="delayed messages delivered")
         poll(lambda: _in_sync(master, slaves), 30, what="slaves caught up and metadata synced")
-        slaves[1].stop()  # a clean shutdown flushes everything: its files are a consistent store
+        # A clean shutdown flushes everything: its files are a consistent store. A stop cut short
+        # (killed after its timeout on a busy machine) would leave a store whose recovery rewrites
+        # consume queues, and every fault test would then report something else than its fault.
+        assert slaves[1].stop(timeout=60) == 0, slaves[1].log_text()[-3000:]
+        assert not (slaves[1].store_dir / "abort").exists(), "slave 2 did not shut down cleanly"
         golden = workdir / "golden"
         shutil.copytree(slaves[1].store_dir, golden)
         slaves[1].start()

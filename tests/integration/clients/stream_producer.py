@@ -26,10 +26,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--prefix", default="m")
     parser.add_argument("--timeout-ms", type=int, default=3000)
+    parser.add_argument("--settle-ms", type=int, default=300,
+                        help="wait this long after start (see producer.py --settle-ms: a first send racing the "
+                             "client's own connection to the broker fails on its transport lock)")
     args = parser.parse_args()
     producer = Producer(args.group, timeout=args.timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
     producer.start()
+    time.sleep(args.settle_ms / 1000)
     deadline = time.monotonic() + args.seconds
     pad = "x" * max(0, args.size - 32)
     for i in range(args.count):
