@@ -320,6 +320,10 @@ class Broker:
             complete = False
             try:
                 complete = await self.register_all()
+                if complete and self.ctx.is_slave and not self.master_addr:
+                    # Registered before its master did (a group starting together): the answer named
+                    # no master, and the metadata sync waits for one. Ask again soon, not a period later.
+                    complete = False
             except Exception:
                 log.exception("registration with nameservers failed")
             self._register_event.clear()

@@ -123,12 +123,16 @@ class StreamProducer:
     """
 
     def __init__(self, namesrv: str, topic: str, prefix: str, out: Path, *, count: int = 1_000_000,
-                 size: int = 256, seconds: float = 60.0) -> None:
+                 size: int = 256, seconds: float = 60.0, settle_ms: int = 0) -> None:
+        """``settle_ms``: see ``stream_producer.py --settle-ms``. It avoids the C++ client's first-send
+        race, but the client then sends its first heartbeat to the broker only 30 s after start
+        (its early heartbeats found no broker yet), so the broker does not list the producer."""
         self.out = out
         with open(out, "wb") as fh:
             self.proc = subprocess.Popen(
                 [PY, str(CLIENTS / "stream_producer.py"), "--namesrv", namesrv, "--topic", topic,
-                 "--count", str(count), "--prefix", prefix, "--size", str(size), "--seconds", str(seconds)],
+                 "--count", str(count), "--prefix", prefix, "--size", str(size), "--seconds", str(seconds),
+                 "--settle-ms", str(settle_ms)],
                 stdout=fh, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     @property

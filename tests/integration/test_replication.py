@@ -22,6 +22,7 @@ from tests.conftest import Cluster
 from tests.integration.helpers import (
     StreamProducer,
     assert_sending,
+    create_topic,
     create_topic_and_wait,
     poll,
     rpc,
@@ -233,6 +234,25 @@ def test_metadata_sync_and_unchanged_version_not_rewritten(cluster: Cluster) -> 
     poll(lambda: slave.status()["metadataSync"]["rounds"] >= rounds + 2, 10, what="two more sync rounds")
     after = (cfg / "topics.json").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_slave_started_before_its_master_syncs_metadata_within_seconds(cluster: Cluster) -> None:
+    """A slave that registers before its master learns no master address from that answer: it
+    registers again within seconds (not a 30 s period later), so its metadata sync starts."""
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-early", broker_id=0, start=False)
+    slave = cluster.broker(ns.addr, name="broker-early", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", slaveSyncInitialDelay=300,
+                           slaveSyncInterval=1000)
+    # Ready means registered: with no master yet, the answer named none.
+    assert slave.status()["metadataSync"]["masterAddress"] is None
+    master.start()
+    create_topic(master.addr, "EarlyTopic")
+    started = time.monotonic()
+    topics = slave.store_dir / "config" / "topics.json"
+    poll(lambda: topics.exists() and "EarlyTopic" in topics.read_text(), 15, what="slave synced EarlyTopic")
+    assert time.monotonic() - started < 15  # the registration period is 30 s
+    assert slave.status()["metadataSync"]["masterAddress"] == master.addr
 
 
 def test_nameserver_discovery(cluster: Cluster) -> None:

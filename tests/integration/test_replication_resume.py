@@ -41,8 +41,9 @@ def test_slave_restarted_mid_stream_resumes_from_its_stored_offset(cluster: Clus
     ns = cluster.namesrv()
     master, slave = group(cluster, ns.addr, 2)
     create_topic_and_wait(master.addr, ns.addr, "ResumeTopic")
+    # Every send must succeed here: the producers settle first (the C++ client's first-send race).
     producers = [StreamProducer(ns.addr, "ResumeTopic", f"r{i}", cluster.workdir / f"producer-{i}.jsonl", size=700,
-                                seconds=9) for i in range(2)]
+                                seconds=9, settle_ms=300) for i in range(2)]
     # Let the slave replicate part of the stream (across a segment boundary), then stop it cleanly.
     poll(lambda: slave.status()["maxPhyOffset"] > SEG + 4096, 15, what="slave past the first segment")
     slave.stop()

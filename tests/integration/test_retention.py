@@ -68,7 +68,7 @@ def test_expired_segments_go_on_request_and_consumers_and_slaves_follow(
     stale.stop()
 
     producer = StreamProducer(ns.addr, TOPIC, "ret", cluster.workdir / "retention-producer.jsonl",
-                              count=420, size=4000)
+                              count=420, size=4000, settle_ms=300)
     results = producer.results()
     assert len(results) == 420 and all(r.get("status") == 0 for r in results), results[-1]
     wait_caught_up(master, [slave])

@@ -46,7 +46,7 @@ def test_segments_deleted_under_load_lose_nothing_they_should_keep(cluster: Clus
                            haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
     create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=4)
     producer = StreamProducer(ns.addr, TOPIC, "churn", cluster.workdir / "churn.jsonl", count=4000, size=2000,
-                              seconds=60)
+                              seconds=60, settle_ms=300)
     with PushConsumer(ns.addr, "CG_CHURN", TOPIC, log_dir=cluster.workdir) as consumer:
         consumer.wait_started()
         results = producer.results(timeout=120)

@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--prefix", default="m")
     parser.add_argument("--timeout-ms", type=int, default=3000)
-    parser.add_argument("--settle-ms", type=int, default=300,
+    parser.add_argument("--settle-ms", type=int, default=0,
                         help="wait this long after start (see producer.py --settle-ms: a first send racing the "
                              "client's own connection to the broker fails on its transport lock)")
     args = parser.parse_args()
