@@ -39,7 +39,7 @@ from rmqbroker.processors.transaction import TransactionService
 from rmqbroker.remoting.client import RemotingClient, split_addr
 from rmqbroker.remoting.codes import RequestCode
 from rmqbroker.remoting.server import RemotingServer
-from rmqbroker.remoting.tls import client_context
+from rmqbroker.remoting.tls import ClientContexts
 from rmqbroker.runtime import Supervisor
 from rmqbroker.schedule import ScheduleMessageService
 from rmqbroker.store.config import StoreConfig, parse_delay_levels
@@ -147,7 +147,7 @@ class Broker:
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
         self.fast_server = self._fast_server(self.server, settings)
         self.topics.add_change_listener(self._topic_changed)
-        self.outer = BrokerOuterApi(RemotingClient(ssl_context=client_context(self.tls)),
+        self.outer = BrokerOuterApi(RemotingClient(ssl_context=ClientContexts(self.tls)),
                                     credentials=(settings.aclAccessKey, settings.aclSecretKey)
                                     if settings.aclAccessKey else None)
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,

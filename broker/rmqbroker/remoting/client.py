@@ -114,9 +114,10 @@ class RemotingClient:
 
     def __init__(self, connect_timeout: float = 3.0,
                  on_request: Callable[[str, RemotingCommand], None] | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None) -> None:
         self.connect_timeout = connect_timeout
-        # TLS for every connection (RocketMQ's tls.enable); see remoting/tls.py.
+        # TLS for every connection (RocketMQ's tls.enable), or a source asked for each new
+        # connection (tls.ClientContexts: renewed certificates); see remoting/tls.py.
         self.ssl_context = ssl_context
         # Requests a server sends on our connections (e.g. CHECK_TRANSACTION_STATE), with its address.
         self.on_request = on_request
@@ -139,10 +140,11 @@ class RemotingClient:
                 return conn
             host, port = split_addr(addr)
             loop = asyncio.get_running_loop()
+            ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
             try:
                 _, proto = await asyncio.wait_for(
                     loop.create_connection(lambda: _ClientConnection(self, addr), host, port,
-                                           ssl=self.ssl_context),
+                                           ssl=ctx),
                     self.connect_timeout)
             except (OSError, TimeoutError) as exc:
                 raise RemotingConnectError(f"cannot connect to {addr}: {exc}") from exc

@@ -233,12 +233,15 @@ def self_signed_certificate(common_name: str = "localhost") -> tuple[bytes, byte
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def _files_stamp(s: TlsSettings) -> tuple[tuple[str, float, int], ...]:
-    """Modification time and size of the server's certificate files (none in test mode)."""
+def _files_stamp(s: TlsSettings, client: bool = False) -> tuple[tuple[str, float, int], ...]:
+    """Modification time and size of the server's (or the client's) certificate files (none in
+    test mode)."""
     if s.test_mode:
         return ()
     out = []
-    for path in (s.server_cert_path, s.server_key_path, s.server_trust_cert_path):
+    paths = ((s.client_cert_path, s.client_key_path, s.client_trust_cert_path) if client
+             else (s.server_cert_path, s.server_key_path, s.server_trust_cert_path))
+    for path in paths:
         if path:
             try:
                 st = os.stat(os.path.expanduser(path))
@@ -247,6 +250,35 @@ def _files_stamp(s: TlsSettings) -> tuple[tuple[str, float, int], ...]:
             else:
                 out.append((path, st.st_mtime, st.st_size))
     return tuple(out)
+
+
+class ClientContexts:
+    """The client context for each new connection, made again when the ``tls.client.*`` files
+    change (looked at every few seconds), so that a renewed client certificate is shown without a
+    restart. A renewal that does not load is logged and the previous context kept."""
+
+    def __init__(self, settings: TlsSettings) -> None:
+        self.settings = settings
+        self._context = client_context(settings)
+        self._stamp = _files_stamp(settings, client=True)
+        self._next_check = time.monotonic() + RELOAD_CHECK_SECONDS
+
+    def __call__(self) -> ssl.SSLContext | None:
+        if self._context is None:
+            return None
+        now = time.monotonic()
+        if now < self._next_check:
+            return self._context
+        self._next_check = now + RELOAD_CHECK_SECONDS
+        stamp = _files_stamp(self.settings, client=True)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._context = client_context(self.settings)
+                log.info("TLS client certificate files changed; new connections use them")
+            except TlsConfigError as exc:
+                log.error("the changed TLS client certificate files do not load; keeping the previous ones: %s", exc)
+        return self._context
 
 
 class SniffingListener:

@@ -15,6 +15,7 @@ from rmqbroker.remoting import tls
 from rmqbroker.remoting.client import RemotingClient, RemotingConnectError
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.remoting.server import Connection, RemotingServer
+from tests.support.certs import TestCA
 
 
 async def _echo(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -93,3 +94,45 @@ def test_tls_properties_parsing(tmp_path: Path) -> None:
         tls.load_settings("permissive", False, str(tmp_path / "missing.properties"))
     with pytest.raises(tls.TlsConfigError, match=r"tls\.server\.mode"):
         tls.load_settings("strict", False, "")
+
+
+async def test_client_shows_a_renewed_certificate_without_a_restart(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's own connections (tls.ClientContexts) pick up renewed client certificate files:
+    refused with a certificate the server's CA did not sign, accepted once the files hold one it did."""
+    monkeypatch.setattr(tls, "RELOAD_CHECK_SECONDS", 0.0)
+    ca, other = TestCA(tmp_path / "ca"), TestCA(tmp_path / "other", name="other CA")
+    server_cert, good, bad = ca.issue("server"), ca.issue("client"), other.issue("client")
+    srv = RemotingServer("127.0.0.1", 0, tls=tls.TlsSettings(
+        server_mode="enforcing", test_mode=False, server_cert_path=str(server_cert.cert),
+        server_key_path=str(server_cert.key), server_need_client_auth="require", server_auth_client=True,
+        server_trust_cert_path=str(ca.cert)))
+    srv.register(1, _echo)
+    await srv.start()
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_bytes(bad.cert.read_bytes())
+    key.write_bytes(bad.key.read_bytes())
+    contexts = tls.ClientContexts(tls.TlsSettings(
+        client_enable=True, test_mode=False, client_cert_path=str(cert), client_key_path=str(key),
+        client_auth_server=True, client_trust_cert_path=str(ca.cert)))
+    addr = f"127.0.0.1:{srv.port}"
+
+    async def call() -> RemotingCommand:
+        client = RemotingClient(ssl_context=contexts)
+        try:
+            return await client.invoke(addr, RemotingCommand(1, body=b"hi"), 5)
+        finally:
+            await client.close()
+
+    try:
+        with pytest.raises(RemotingConnectError):
+            await call()
+        cert.write_bytes(good.cert.read_bytes())
+        key.write_bytes(good.key.read_bytes() + b"\n")  # another size: a change even within one mtime tick
+        assert (await call()).code == 0
+        # Half a renewal (a certificate without its key) keeps the last good pair.
+        cert.write_bytes(ca.issue("client-2").cert.read_bytes())
+        assert (await call()).code == 0
+        assert srv.stats.tls_refused == {"handshake": 1}
+    finally:
+        await srv.stop()
