@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rmqbroker.config import property_line
 from rmqbroker.metadata.errors import MetadataPersistError
 from rmqbroker.metadata.jsonfile import atomic_write
+from rmqbroker.properties import property_line
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmqbroker.properties import parse_properties
 from rmqbroker.remoting import tls
 from rmqbroker.store.config import DEFAULT_MESSAGE_DELAY_LEVEL as DEFAULT_DELAY_LEVELS
 from rmqbroker.store.config import parse_delay_levels
@@ -248,30 +249,6 @@ def default_ip() -> str:
     except OSError:
         pass
     return "127.0.0.1"
-
-
-_PROPERTY_LINE = re.compile(r"([^=:\s]+)\s*[=:\s]\s*(.*)$")
-
-
-def property_line(raw: str) -> tuple[str, str] | None:
-    """One line of a .properties text as (key, value); None for a blank or comment line."""
-    line = raw.strip()
-    if not line or line[0] in "#!":
-        return None
-    m = _PROPERTY_LINE.match(line)
-    if m is None:
-        return line, ""
-    return m.group(1), m.group(2).strip()
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Java .properties subset: key=value or key:value, # and ! comments, surrounding spaces."""
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        entry = property_line(raw)
-        if entry is not None:
-            out[entry[0]] = entry[1]
-    return out
 
 
 def _convert(key: str, raw: str, typ: Any) -> Any:

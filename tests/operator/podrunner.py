@@ -508,7 +508,7 @@ class FakeBackend:
             srv.listen()
             return srv
         conf_path = Path(args[args.index("-c") + 1])
-        from rmqbroker.config import parse_properties
+        from rmqbroker.properties import parse_properties
 
         text = conf_path.read_text()
         conf = parse_properties(text if "\nlistenHost=" in text else runner.rewrite(text, files))

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from rmqbroker.config import build_settings, env_name, parse_properties
+from rmqbroker.config import build_settings, env_name
+from rmqbroker.properties import parse_properties
 from rmqbroker.remoting import tls
 from rmqoperator import builders
 from rmqoperator.reconcile import complete_assignment

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmqbroker.config import parse_properties
+from rmqbroker.properties import parse_properties
 from rmqoperator.builders import CONFIG_HASH_ANNOTATION
 from tests.operator.conftest import example
 from tests.operator.emulator import GROUP, NS, OperatorHarness, condition, wait_for

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from rmqbroker.conf_file import ConfWriteError, rewrite_properties, save_changes, unwritable_reason
-from rmqbroker.config import ConfigError, build_settings, override_sources, parse_properties, updated_settings
+from rmqbroker.config import ConfigError, build_settings, override_sources, updated_settings
+from rmqbroker.properties import parse_properties
 
 CONF = """# broker-a: hand-written
 brokerName=broker-a

@@ -20,13 +20,13 @@ from rmqbroker.config import (
     BrokerSettings,
     ConfigError,
     SettingsOrigin,
-    parse_properties,
     setting_text,
     settings_properties,
     updated_settings,
 )
 from rmqbroker.metadata.data_version import DataVersion
 from rmqbroker.processors.context import BrokerContext
+from rmqbroker.properties import parse_properties
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand

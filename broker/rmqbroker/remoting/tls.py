@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from rmqbroker.properties import parse_properties
+
 log = logging.getLogger(__name__)
 
 # The first byte of a TLS record carrying a handshake message (a ClientHello, when a client
@@ -94,20 +96,6 @@ def _parse_bool(key: str, value: str) -> bool:
     return text == "true"
 
 
-def _read_properties(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        for sep in ("=", ":"):
-            if sep in line:
-                key, _, value = line.partition(sep)
-                out[key.strip()] = value.strip()
-                break
-    return out
-
-
 def load_settings(server_mode: str = "permissive", client_enable: bool = False,
                   config_file: str = DEFAULT_CONFIG_FILE) -> TlsSettings:
     """The mode and client switch (Java's ``-Dtls.server.mode`` and ``-Dtls.enable``) with the
@@ -117,7 +105,7 @@ def load_settings(server_mode: str = "permissive", client_enable: bool = False,
     if config_file:
         path = Path(os.path.expanduser(config_file))
         try:
-            props = _read_properties(path)
+            props = parse_properties(path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             if config_file != DEFAULT_CONFIG_FILE:
                 raise TlsConfigError(f"TLS config file {path} does not exist") from exc
@@ -252,33 +240,58 @@ def _files_stamp(s: TlsSettings, client: bool = False) -> tuple[tuple[str, float
     return tuple(out)
 
 
-class ClientContexts:
-    """The client context for each new connection, made again when the ``tls.client.*`` files
-    change (looked at every few seconds), so that a renewed client certificate is shown without a
-    restart. A renewal that does not load is logged and the previous context kept."""
+class _Reloading:
+    """A context made on first use and made again, for the next connection, when its certificate
+    files change (looked at every few seconds): a renewed Secret is used without a restart. A
+    renewal that does not load is logged and the previous context kept."""
 
-    def __init__(self, settings: TlsSettings) -> None:
-        self.settings = settings
-        self._context = client_context(settings)
-        self._stamp = _files_stamp(settings, client=True)
-        self._next_check = time.monotonic() + RELOAD_CHECK_SECONDS
+    def __init__(self, build: Callable[[], ssl.SSLContext],
+                 stamp: Callable[[], tuple[tuple[str, float, int], ...]], what: str) -> None:
+        self._build = build
+        self._stamp_of = stamp
+        self.what = what
+        self._context: ssl.SSLContext | None = None
+        self._stamp: tuple[tuple[str, float, int], ...] = ()
+        self._next_check = 0.0
 
-    def __call__(self) -> ssl.SSLContext | None:
-        if self._context is None:
-            return None
+    def get(self) -> ssl.SSLContext:
         now = time.monotonic()
-        if now < self._next_check:
+        if self._context is not None and now < self._next_check:
             return self._context
         self._next_check = now + RELOAD_CHECK_SECONDS
-        stamp = _files_stamp(self.settings, client=True)
-        if stamp != self._stamp:
+        stamp = self._stamp_of()
+        if self._context is not None and stamp == self._stamp:
+            return self._context
+        try:
+            context = self._build()
+        except TlsConfigError as exc:
+            if self._context is None:
+                raise
+            log.error("%s: the changed TLS certificate files do not load; keeping the previous ones: %s",
+                      self.what, exc)
             self._stamp = stamp
-            try:
-                self._context = client_context(self.settings)
-                log.info("TLS client certificate files changed; new connections use them")
-            except TlsConfigError as exc:
-                log.error("the changed TLS client certificate files do not load; keeping the previous ones: %s", exc)
-        return self._context
+            return self._context
+        if self._context is not None:
+            log.info("%s: TLS certificate files changed; new connections use them", self.what)
+        self._context, self._stamp = context, stamp
+        return context
+
+
+class ClientContexts:
+    """The client context for each new connection of a process's own client (None without
+    ``tls.enable``), with renewed ``tls.client.*`` files picked up as a server's are."""
+
+    def __init__(self, settings: TlsSettings) -> None:
+        def build() -> ssl.SSLContext:
+            ctx = client_context(settings)
+            assert ctx is not None  # only built with tls.enable on
+            return ctx
+
+        self._source = _Reloading(build, lambda: _files_stamp(settings, client=True), "TLS client") \
+            if settings.client_enable else None
+
+    def __call__(self) -> ssl.SSLContext | None:
+        return self._source.get() if self._source is not None else None
 
 
 class SniffingListener:
@@ -299,38 +312,12 @@ class SniffingListener:
         self.on_rejected = on_rejected
         self.on_tls = on_tls
         self.port = 0
-        self._context: ssl.SSLContext | None = None
-        self._stamp: tuple[tuple[str, float, int], ...] = ()
-        self._next_check = 0.0
+        # Made when the first TLS client arrives: test mode makes a key pair then, so a server that
+        # never sees TLS pays nothing for it.
+        self._contexts = _Reloading(lambda: server_context(settings), lambda: _files_stamp(settings), name)
         self._sock: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
-
-    def context(self) -> ssl.SSLContext:
-        """The server context, made when the first TLS client arrives (test mode makes a key pair
-        then, so a server that never sees TLS pays nothing for it), and made again for the next
-        handshake when the certificate files change (a renewed Secret), looked at every few
-        seconds. A renewal that does not load is logged and the previous certificate kept."""
-        now = time.monotonic()
-        if self._context is not None and now < self._next_check:
-            return self._context
-        self._next_check = now + RELOAD_CHECK_SECONDS
-        stamp = _files_stamp(self.settings)
-        if self._context is not None and stamp == self._stamp:
-            return self._context
-        try:
-            context = server_context(self.settings)
-        except TlsConfigError as exc:
-            if self._context is None:
-                raise
-            log.error("%s: the changed TLS certificate files do not load; keeping the previous ones: %s",
-                      self.name, exc)
-            self._stamp = stamp
-            return self._context
-        if self._context is not None:
-            log.info("%s: TLS certificate files changed; new connections get the new certificate", self.name)
-        self._context, self._stamp = context, stamp
-        return context
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         loop = asyncio.get_running_loop()
@@ -393,7 +380,7 @@ class SniffingListener:
         loop = asyncio.get_running_loop()
         try:
             if is_tls:
-                await loop.connect_accepted_socket(self.factory, conn, ssl=self.context(),
+                await loop.connect_accepted_socket(self.factory, conn, ssl=self._contexts.get(),
                                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
                 self.on_tls()
             else:
