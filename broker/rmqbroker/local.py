@@ -2,7 +2,9 @@
 
 ``rmq-local up examples/brokergroup.yaml`` starts a nameserver, the master and ``replicas - 1``
 slaves with data under ``--data-dir`` and shows a live table of roles, offsets and lag until
-Ctrl-C; ``rmq-local status`` prints the table once for a group started earlier.
+Ctrl-C; ``rmq-local status`` prints the table once for a group started earlier. While it runs,
+exited processes are started again and a lost master is failed over
+(:mod:`rmqbroker.localgroup.supervisor`).
 """
 
 from __future__ import annotations
@@ -13,91 +15,28 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
+from rmqbroker.localgroup.manifest import FailoverSpec, GroupSpec, ManifestError, load_manifest, render_conf
+from rmqbroker.localgroup.supervisor import STATE_FILE, LocalGroup, Proc, broker_ports
+from rmqbroker.localgroup.view import status_table
 
-from rmqbroker.managed_keys import managed_keys_in
+__all__ = ["FailoverSpec", "GroupSpec", "ManifestError", "load_manifest", "main", "render_conf", "status_table"]
 
-STATE_FILE = "state.json"
-
-
-class ManifestError(ValueError):
-    """The manifest is not a usable BrokerGroup."""
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """The parts of a BrokerGroup spec a local group uses."""
-
-    name: str
-    cluster_name: str
-    broker_name: str
-    replicas: int
-    replication: str
-    flush_disk_type: str
-    master_discovery: str
-    broker_config: dict[str, str]
-
-    @property
-    def master_role(self) -> str:
-        return "SYNC_MASTER" if self.replication == "SYNC" else "ASYNC_MASTER"
-
-
-def load_manifest(path: Path) -> GroupSpec:
-    try:
-        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-    except (OSError, yaml.YAMLError) as exc:
-        raise ManifestError(f"cannot read {path}: {exc}") from exc
-    groups = [d for d in docs if isinstance(d, dict) and d.get("kind") == "BrokerGroup"]
-    if len(groups) != 1:
-        raise ManifestError(f"{path} must contain exactly one BrokerGroup, found {len(groups)}")
-    doc = groups[0]
-    meta = doc.get("metadata") or {}
-    spec = doc.get("spec") or {}
-    if not isinstance(meta, dict) or not isinstance(spec, dict) or not meta.get("name"):
-        raise ManifestError("BrokerGroup needs metadata.name and a spec object")
-    replicas = spec.get("replicas", 2)
-    if not isinstance(replicas, int) or not 1 <= replicas <= 5:
-        raise ManifestError("spec.replicas must be an integer from 1 to 5")
-    replication = spec.get("replication", "ASYNC")
-    if replication not in ("SYNC", "ASYNC"):
-        raise ManifestError("spec.replication must be SYNC or ASYNC")
-    flush = spec.get("flushDiskType", "ASYNC_FLUSH")
-    if flush not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
-        raise ManifestError("spec.flushDiskType must be ASYNC_FLUSH or SYNC_FLUSH")
-    discovery = spec.get("masterDiscovery", "Direct")
-    if discovery not in ("Direct", "NameServer"):
-        raise ManifestError("spec.masterDiscovery must be Direct or NameServer")
-    extra = spec.get("brokerConfig") or {}
-    if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
-        raise ManifestError("spec.brokerConfig must map keys to strings")
-    # Refused rather than overridden: rmq-local assigns these per broker, and one brokerConfig
-    # value applied to every broker would clash (two masters, one port, one store directory).
-    managed = managed_keys_in(str(k) for k in extra)
-    if managed:
-        raise ManifestError(f"spec.brokerConfig may not set keys rmq-local manages: {', '.join(managed)}")
-    return GroupSpec(
-        name=str(meta["name"]),
-        cluster_name=str(spec.get("clusterName", "DefaultCluster")),
-        broker_name=str(spec.get("brokerName") or meta["name"]),
-        replicas=replicas,
-        replication=replication,
-        flush_disk_type=flush,
-        master_discovery=discovery,
-        broker_config={str(k): v for k, v in extra.items()},
-    )
+# How long a broker may take to answer /healthz when the group starts (a large store recovers first).
+START_TIMEOUT = 60.0
+TICK = 1.0
 
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the brokers bind: connections of a group stopped a moment ago (TIME_WAIT) do not
+        # hold the port, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -105,81 +44,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def render_conf(spec: GroupSpec, broker_id: int, data_dir: Path, ports: dict[str, int], namesrv: str,
-                master_ha: str, token_file: Path) -> str:
-    role = spec.master_role if broker_id == 0 else "SLAVE"
-    # Defaults brokerConfig may change; the managed keys below are applied after it.
-    conf: dict[str, str] = {
-        "flushDiskType": spec.flush_disk_type,
-        "mappedFileSizeCommitLog": str(64 * 1024 * 1024),
-    }
-    conf.update(spec.broker_config)
-    conf |= {
-        "brokerClusterName": spec.cluster_name,
-        "brokerName": spec.broker_name,
-        "brokerId": str(broker_id),
-        "brokerRole": role,
-        "namesrvAddr": namesrv,
-        "brokerIP1": "127.0.0.1",
-        "listenHost": "127.0.0.1",
-        "listenPort": str(ports["listen"]),
-        "haListenPort": str(ports["ha"]),
-        "fastListenPort": str(ports["listen"] - 2),
-        "adminListenPort": str(ports["admin"]),
-        "adminTokenFile": str(token_file),
-        "storePathRootDir": str(data_dir / f"broker-{broker_id}" / "store"),
-    }
-    if broker_id != 0 and spec.master_discovery == "Direct":
-        conf["haMasterAddress"] = master_ha
-    return "".join(f"{k}={v}\n" for k, v in conf.items())
-
-
-def fetch_status(admin_port: int, token: str) -> dict[str, Any] | None:
-    req = urllib.request.Request(f"http://127.0.0.1:{admin_port}/status",
-                                 headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=1) as r:
-            data: dict[str, Any] = json.loads(r.read())
-            return data
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-def status_table(state: dict[str, Any]) -> str:
-    token = Path(state["tokenFile"]).read_text().strip()
-    rows = [("ID", "ROLE", "ADDRESS", "EPOCH", "MAX OFFSET", "LAG BYTES", "DISK", "HA", "STATE")]
-    statuses = [fetch_status(b["admin"], token) for b in state["brokers"]]
-    master_max = next((s["maxPhyOffset"] for s in statuses if s and s.get("brokerId") == 0), None)
-    for b, st in zip(state["brokers"], statuses, strict=True):
-        if st is None:
-            rows.append((str(b["id"]), "-", f"127.0.0.1:{b['listen']}", "-", "-", "-", "-", "-", "DOWN"))
-            continue
-        lag = "-" if master_max is None or st["brokerId"] == 0 else str(max(0, master_max - st["maxPhyOffset"]))
-        ha = st.get("ha") or {}
-        if st["role"] == "SLAVE":
-            link = "connected" if ha.get("connected") else "disconnected"
-        else:
-            slaves = ha.get("slaves") or []
-            link = f"{sum(1 for x in slaves if x.get('inSync'))}/{len(slaves)} in sync"
-        rows.append((str(st["brokerId"]), st["role"], st["brokerAddr"], str(st.get("epoch", 0)),
-                     str(st["maxPhyOffset"]), lag, _disk(st.get("retention") or {}), link, "UP"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-def _disk(retention: dict[str, Any]) -> str:
-    """Used share of the disk holding the store; FULL when the broker refuses sends for it."""
-    ratio = retention.get("diskUsedRatio")
-    if not isinstance(ratio, (int, float)) or ratio < 0:
-        return "-"
-    return f"{'FULL-' if retention.get('diskFull') else ''}{ratio * 100:.0f}%"
-
-
-def _wait_ready(admin_port: int, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
+def _wait_ready(admin_port: int, timeout: float, proc: Proc) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if not proc.running:
             return False
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/healthz", timeout=1):
@@ -197,70 +65,74 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
     if not token_file.exists():
         token_file.write_text(secrets.token_hex(16) + "\n")
         token_file.chmod(0o600)
-    procs: list[subprocess.Popen[bytes]] = []
-    namesrv = f"127.0.0.1:{namesrv_port}"
-    state: dict[str, Any] = {"group": spec.name, "namesrv": namesrv, "tokenFile": str(token_file), "brokers": []}
-
-    def spawn(args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        log = open(data_dir / log_name, "ab")  # noqa: SIM115 - owned by the child process
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(p)
-        return p
-
-    def stop_all() -> None:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
+    group = LocalGroup(spec, data_dir, base_port, f"127.0.0.1:{namesrv_port}", token_file)
+    state_path = data_dir / STATE_FILE
     try:
-        needed = [namesrv_port] + [base_port + 10 * i + d for i in range(spec.replicas) for d in (-2, 0, 1, 5)]
+        saved = json.loads(state_path.read_text()) if state_path.exists() else None
+        group.load_assignment(saved if isinstance(saved, dict) else None)
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from exc
+    try:
+        needed = [namesrv_port] + [broker_ports(base_port, o)["listen"] + d for o in range(spec.replicas)
+                                   for d in (-2, 0, 1, 5)]
         busy = [p for p in needed if not _port_free(p)]
         if busy:
             print(f"rmq-local: ports in use: {busy}; pass --base-port/--namesrv-port", file=sys.stderr)
             return 1
-        spawn([sys.executable, "-m", "rmqbroker.namesrv.main", "--listen", namesrv], "namesrv.log")
-        master_ha = f"127.0.0.1:{base_port + 1}"
-        for broker_id in range(spec.replicas):
-            ports = {"listen": base_port + 10 * broker_id, "ha": base_port + 10 * broker_id + 1,
-                     "admin": base_port + 10 * broker_id + 5}
-            conf_path = data_dir / f"broker-{broker_id}.conf"
-            conf_path.write_text(render_conf(spec, broker_id, data_dir, ports, namesrv, master_ha, token_file))
-            p = spawn([sys.executable, "-m", "rmqbroker.main", "-c", str(conf_path)], f"broker-{broker_id}.log")
-            state["brokers"].append({"id": broker_id, "pid": p.pid, **ports})
-            if not _wait_ready(ports["admin"], 30, p):
-                print(f"rmq-local: broker {broker_id} failed to start; see {data_dir}/broker-{broker_id}.log",
-                      file=sys.stderr)
+        group.write_confs()
+        group.add_processes()
+        now = time.monotonic()
+        for name in group.start_order():
+            proc = group.procs[name]
+            proc.start(now)
+            if name == "namesrv":
+                continue
+            ordinal = int(name.rsplit("-", 1)[1])
+            if not _wait_ready(group.ports(ordinal)["admin"], START_TIMEOUT, proc):
+                print(f"rmq-local: {name} failed to start; see {proc.log_path}", file=sys.stderr)
                 return 1
-        (data_dir / STATE_FILE).write_text(json.dumps(state, indent=1))
+        group.save()
+        master = group.name_of(group.master)
+        fo = spec.failover
         print(f"BrokerGroup {spec.name}: {spec.replicas} broker(s), {spec.replication} replication, "
-              f"data in {data_dir}")
-        print(f"  nameserver:  {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
-        print(f"  admin API:   http://127.0.0.1:{base_port + 5}/status  "
+              f"master {master} (epoch {group.epoch}), data in {data_dir}")
+        print(f"  nameserver:  {group.namesrv}   (clients: producer.set_namesrv_addr('{group.namesrv}'))")
+        print(f"  admin API:   http://127.0.0.1:{group.ports(group.master)['admin']}/status  "
               f"(Authorization: Bearer $(cat {token_file}))")
-        print("  Ctrl-C stops the group.\n", flush=True)
+        print("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
+                                   if fo.enabled else "off (spec.failover.enabled: false)"))
+        print("  Ctrl-C stops the group; a process that exits is started again.\n", flush=True)
         if once:
-            print(status_table(state))
+            print(status_table(group.state(), events=False))
             return 0
         interactive = sys.stdout.isatty()
-        while all(p.poll() is None for p in procs):
-            table = status_table(state)
+        shown = 0.0
+        printed = set(group.events)
+        while True:
+            group.tick(time.monotonic())
             if interactive:
-                sys.stdout.write("\x1b[H\x1b[J" + table + "\n")
+                sys.stdout.write("\x1b[H\x1b[J" + status_table(group.state()) + "\n")
             else:
-                print(table + "\n")
+                # Events are kept in a bounded list: print the ones this pass added.
+                fresh = [e for e in group.events if e not in printed]
+                for e in fresh:
+                    print(e)
+                printed = set(group.events)
+                if time.monotonic() - shown >= 10.0:
+                    print(status_table(group.state(), events=False) + "\n")
+                    shown = time.monotonic()
             sys.stdout.flush()
-            time.sleep(1.0 if interactive else 10.0)
-        print("rmq-local: a process exited; stopping the group", file=sys.stderr)
-        return 1
+            time.sleep(TICK)
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_all()
+        # One stop at a time: a second Ctrl-C or SIGTERM (e.g. from a wrapper forwarding it) must
+        # not cut the orderly stop short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        group.stop_all()
+        if group.procs:
+            group.save()
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -293,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     if not state_path.exists():
         print(f"rmq-local: no group state in {args.data_dir} (is `rmq-local up` running?)", file=sys.stderr)
         raise SystemExit(1)
-    print(status_table(json.loads(state_path.read_text())))
+    state = json.loads(state_path.read_text())
+    print(status_table(state))
 
 
 if __name__ == "__main__":

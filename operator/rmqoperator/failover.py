@@ -5,10 +5,9 @@ Inputs are what the poller saw (:class:`PodView`: the pod object plus the broker
 :class:`MasterMemory` (when the master was last healthy, which slaves followed it then).
 Outputs are decisions and admin-API actions; the controller executes them.
 
-Safety rule for SYNC replication (without ``allowDataLoss``): a SYNC_MASTER acknowledges a send
-only once some slave has stored it, so the slave with the highest offset holds every acknowledged
-message -- provided every slave that was following the master is visible now. A failover is
-refused while such a slave cannot be seen, and the candidate must be in the master's epoch.
+Which slave is safe to promote is :mod:`rmqbroker.ha.election`'s rule (shared with ``rmq-local``):
+under SYNC replication without ``allowDataLoss``, only the most advanced slave of the master's epoch,
+and only while every slave that followed the master can be seen.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rmqbroker.ha import election
 from rmqoperator.builders import Assignment, pod_dns
 from rmqoperator.reconcile import GroupState
 from rmqoperator.spec import GroupSpec
@@ -25,9 +25,6 @@ from rmqoperator.spec import GroupSpec
 log = logging.getLogger(__name__)
 
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
-# A slave following the master within this many bytes counts as in sync. Polls of master and
-# slave are a few milliseconds apart, so a busy but healthy slave shows some lag.
-IN_SYNC_MAX_LAG = 4 * 1024 * 1024
 # An unreachable slave that has not followed the current master is deleted (restarted from the
 # ConfigMap, which names the current master) after this long.
 REPOINT_GRACE_SECONDS = 15.0
@@ -156,8 +153,8 @@ def in_sync(spec: GroupSpec, slave: PodView, master: PodView | None) -> bool:
     if master is None or not master_healthy(master) or slave.broker is None:
         return False
     lag = lag_bytes(slave, master)
-    return (follows(spec, slave, master) and slave.broker.ha_connected and lag is not None
-            and lag <= IN_SYNC_MAX_LAG and slave.broker.epoch == master.broker.epoch)  # type: ignore[union-attr]
+    return lag is not None and election.in_sync(follows(spec, slave, master), slave.broker.ha_connected,
+                                                slave.broker.epoch, master.broker.epoch, lag)  # type: ignore[union-attr]
 
 
 def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods: Mapping[str, PodView],
@@ -189,36 +186,15 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
         memory.lost_since = now
 
 
-def _offset(p: PodView) -> int:
-    return p.broker.max_offset if p.broker is not None else -1
-
-
 def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: Mapping[str, PodView],
                      memory: MasterMemory) -> tuple[str | None, str]:
-    """The slave to promote, or None and why none is safe."""
+    """The slave to promote, or None and why none is safe (the rule is :mod:`rmqbroker.ha.election`)."""
     slaves = [p for n, p in pods.items() if n != master_pod and state.broker_id_of(spec, n) is not None]
-    live = [p for p in slaves if p.broker is not None and p.broker.role == "SLAVE" and not p.deleting]
-    if not live:
-        return None, "no reachable slave"
+    live = [election.Candidate(p.name, p.ordinal, p.broker.epoch, p.broker.max_offset) for p in slaves
+            if p.broker is not None and p.broker.role == "SLAVE" and not p.deleting]
+    record = election.MasterRecord(memory.seen_healthy, memory.connected, memory.in_sync, memory.master_offset)
     strict = spec.replication == "SYNC" and not spec.failover.allow_data_loss
-    if strict:
-        current = [p for p in live if p.broker is not None and p.broker.epoch == state.epoch]
-        if not current:
-            return None, f"no reachable slave is in the master's epoch {state.epoch}"
-        # Every slave that may have acknowledged a send must be visible, else the best one we see
-        # may miss acknowledged messages.
-        could_ack = memory.connected if memory.seen_healthy else frozenset(p.name for p in slaves)
-        hidden = sorted(n for n in could_ack if n not in {p.name for p in live})
-        if hidden:
-            return None, f"slave(s) {', '.join(hidden)} that followed the master cannot be reached"
-        best = max(current, key=lambda p: (_offset(p), -p.ordinal))
-        if memory.seen_healthy and best.name not in memory.in_sync and _offset(best) < memory.master_offset:
-            return None, f"{best.name} (the most advanced slave) was lagging behind the master"
-        return best.name, "highest offset among in-sync slaves"
-    synced = [p for p in live if p.name in memory.in_sync]
-    pool = synced or live
-    best = max(pool, key=lambda p: (p.broker is not None and p.broker.epoch == state.epoch, _offset(p), -p.ordinal))
-    return best.name, "highest offset among in-sync slaves" if synced else "highest offset (no slave was in sync)"
+    return election.choose(live, [p.name for p in slaves], state.epoch, strict, record)
 
 
 def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,
@@ -243,8 +219,7 @@ def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVi
     candidate, why = choose_candidate(spec, state, master_pod, pods, memory)
     if candidate is None:
         return FailoverDecision("blocked", "NoSafeCandidate", f"master {master_pod} lost; not promoting: {why}")
-    seen_epochs = [p.broker.epoch for p in pods.values() if p.broker is not None]
-    epoch = max([state.epoch, *seen_epochs]) + 1
+    epoch = election.next_epoch(state.epoch, [p.broker.epoch for p in pods.values() if p.broker is not None])
     return FailoverDecision("promote", "Promoting", f"promoting {candidate} ({why}) at epoch {epoch}",
                             candidate=candidate, epoch=epoch)
 

@@ -40,8 +40,8 @@ def test_local_group_up_once(tmp_path: Path) -> None:
             break
     assert out.returncode == 0, out.stderr + out.stdout
     lines = out.stdout.splitlines()
-    table = lines[lines.index(next(line for line in lines if line.startswith("ID"))) + 1:]
-    assert [row.split()[1] for row in table] == ["SYNC_MASTER", "SLAVE"]
+    table = lines[lines.index(next(line for line in lines if line.startswith("BROKER"))) + 1:]
+    assert [row.split()[2] for row in table] == ["SYNC_MASTER", "SLAVE"]
     assert all(row.split()[-1] == "UP" for row in table)
     conf = (tmp_path / "data" / "broker-1.conf").read_text()
     assert "brokerRole=SLAVE" in conf and "haMasterAddress" not in conf  # NameServer discovery
@@ -77,26 +77,35 @@ def test_local_group_refuses_managed_broker_config_keys(tmp_path: Path) -> None:
 
 @dataclass
 class Row:
-    id: int
+    name: str
+    id: int | None  # brokerId: 0 is the master
     role: str
+    epoch: str
     max_offset: str
     lag: str
     disk: str
     ha: str
+    restarts: int
     state: str
+
+
+def status_output(data_dir: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "status", "--data-dir", str(data_dir)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def status_rows(data_dir: Path) -> list[Row]:
     """`rmq-local status`, parsed (the HA column may hold several words, e.g. "1/1 in sync")."""
-    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "status", "--data-dir", str(data_dir)],
-                         capture_output=True, text=True, timeout=30, check=False)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0].split()[:3] == ["ID", "ROLE", "ADDRESS"], out.stdout
+    text = status_output(data_dir)
+    lines = text.split("\n\n")[0].splitlines()  # recent events follow a blank line
+    assert lines[0].split()[:4] == ["BROKER", "ID", "ROLE", "ADDRESS"], text
     rows = []
     for line in lines[1:]:
         t = line.split()
-        rows.append(Row(int(t[0]), t[1], t[4], t[5], t[6], " ".join(t[7:-1]), t[-1]))
+        rows.append(Row(t[0], int(t[1]) if t[1].isdigit() else None, t[2], t[4], t[5], t[6], t[7],
+                        " ".join(t[8:-2]), int(t[-2]), t[-1]))
     return rows
 
 
@@ -111,13 +120,21 @@ class Group:
         result: dict[str, Any] = json.loads((self.data_dir / "state.json").read_text())
         return result
 
-    def admin_status(self, broker_id: int) -> dict[str, Any]:
+    def admin_status(self, ordinal: int) -> dict[str, Any]:
         token = (self.data_dir / "admin-token").read_text().strip()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.base + 10 * broker_id + 5}/status",
+        req = urllib.request.Request(f"http://127.0.0.1:{self.base + 10 * ordinal + 5}/status",
                                      headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(req, timeout=5) as r:
             result: dict[str, Any] = json.loads(r.read())
             return result
+
+
+    def pid(self, ordinal: int) -> int:
+        result: int = self.state["brokers"][ordinal]["pid"]
+        return result
+
+    def addr(self, ordinal: int) -> str:
+        return f"127.0.0.1:{self.base + 10 * ordinal}"
 
 
 @contextlib.contextmanager
@@ -164,7 +181,8 @@ def test_local_group_direct_status_flush_type_and_sigterm(tmp_path: Path) -> Non
             return rows if rows[1].ha == "connected" and rows[0].ha == "1/1 in sync" else None
 
         rows = poll(linked, 30, 0.2, what="slave connected to the master")
-        assert [(r.id, r.role, r.state) for r in rows] == [(0, "ASYNC_MASTER", "UP"), (1, "SLAVE", "UP")]
+        assert [(r.name, r.id, r.role, r.state) for r in rows] == [("broker-0", 0, "ASYNC_MASTER", "UP"),
+                                                                    ("broker-1", 1, "SLAVE", "UP")]
         assert rows[0].lag == "-"
 
         resp = send_raw(f"127.0.0.1:{g.base}", "LocalTopic", b"x" * 100)
@@ -216,4 +234,126 @@ def test_local_group_nameserver_discovery_slaves_connect(tmp_path: Path) -> None
             assert g.admin_status(i)["ha"]["masterAddress"] == f"127.0.0.1:{g.base + 1}"
         # A SYNC_MASTER answers SUCCESS only once a slave acknowledged the message.
         resp = send_raw(f"127.0.0.1:{g.base}", "LocalTopic", b"y" * 100)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
+def _roles(rows: list[Row]) -> list[tuple[str, int | None, str]]:
+    return [(r.name, r.id, r.role) for r in rows]
+
+
+def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: Path) -> None:
+    """rmq-local does what the kubelet and the operator do: a killed slave is started again, a
+    master that stops answering is replaced by the most advanced slave (no acknowledged SYNC message
+    lost), the old master follows the new one when it returns, and the roles survive a restart of
+    the whole group."""
+    text = ("kind: BrokerGroup\nmetadata: {name: local-f}\n"
+            "spec:\n  replicas: 3\n  replication: SYNC\n  masterDiscovery: Direct\n"
+            "  failover: {masterLostSeconds: 2}\n")
+    with running_group(tmp_path, text) as g:
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[0].ha == "2/2 in sync" and all(r.ha == "connected" for r in rows[1:]) else None
+
+        poll(linked, 30, 0.2, what="slaves connected to the master")
+        for i in range(20):
+            resp = send_raw(g.addr(0), "LocalTopic", f"before-{i}".encode())
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        acked = g.admin_status(0)["maxPhyOffset"]
+
+        # A slave killed with SIGKILL is started again and follows the master again.
+        os.kill(g.pid(2), signal.SIGKILL)
+
+        def slave_back() -> list[Row] | None:
+            rows = linked()
+            return rows if rows and rows[2].restarts == 1 and rows[2].lag == "0" else None
+
+        rows = poll(slave_back, 30, 0.3, what="killed slave started again")
+        assert _roles(rows) == [("broker-0", 0, "SYNC_MASTER"), ("broker-1", 1, "SLAVE"), ("broker-2", 2, "SLAVE")]
+        assert "broker-2 exited (signal 9)" in status_output(g.data_dir)
+
+        # The master stops answering (SIGSTOP): after masterLostSeconds a slave is promoted.
+        master_pid = g.pid(0)
+        os.kill(master_pid, signal.SIGSTOP)
+        try:
+            def promoted() -> list[Row] | None:
+                rows = status_rows(g.data_dir)
+                # state.json (the old master's row) is written once POST /role has returned.
+                return rows if rows[1].role == "SYNC_MASTER" and rows[1].id == 0 and rows[0].id == 1 else None
+
+            rows = poll(promoted, 30, 0.3, what="broker-1 promoted")
+            assert rows[1].epoch == "1"
+            assert int(rows[1].max_offset) >= acked  # every acknowledged message is on the new master
+            assert rows[0].state == "NO-ANSWER"
+            state = g.state
+            assert state["assignment"] == {"0": 1, "1": 0, "2": 2} and state["epoch"] == 1
+            conf0 = (g.data_dir / "broker-0.conf").read_text()
+            assert "brokerRole=SLAVE" in conf0 and f"haMasterAddress=127.0.0.1:{g.base + 11}" in conf0
+
+            # The new SYNC_MASTER takes sends once the other slave follows it.
+            def sent() -> bool:
+                return send_raw(g.addr(1), "LocalTopic", b"after").code == ResponseCode.SUCCESS
+
+            poll(sent, 30, 0.3, what="a send acknowledged by the new master")
+        finally:
+            os.kill(master_pid, signal.SIGCONT)
+
+        # The old master answers again: demoted, it follows the new master and catches up.
+        def converged() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            ok = (_roles(rows) == [("broker-0", 1, "SLAVE"), ("broker-1", 0, "SYNC_MASTER"), ("broker-2", 2, "SLAVE")]
+                  and rows[1].ha == "2/2 in sync" and rows[0].lag == "0" and rows[2].lag == "0")
+            return rows if ok else None
+
+        poll(converged, 30, 0.3, what="old master demoted and following")
+        assert g.admin_status(0)["ha"]["masterAddress"] == f"127.0.0.1:{g.base + 11}"
+        out = status_output(g.data_dir)
+        assert "promoted broker-1 to SYNC_MASTER at epoch 1" in out
+        assert "broker-0 -> SLAVE brokerId 1" in out
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.proc.wait(60) == 0
+
+    # The whole group started again (on other ports) keeps the roles of the failover.
+    with running_group(tmp_path, text) as g2:
+        def back() -> list[Row] | None:
+            rows = status_rows(g2.data_dir)
+            ok = (_roles(rows) == [("broker-0", 1, "SLAVE"), ("broker-1", 0, "SYNC_MASTER"), ("broker-2", 2, "SLAVE")]
+                  and rows[1].ha == "2/2 in sync" and all(r.restarts == 0 for r in rows))
+            return rows if ok else None
+
+        rows = poll(back, 60, 0.3, what="group up again with the failed-over roles")
+        assert all(r.epoch == "1" for r in rows)
+        resp = send_raw(g2.addr(1), "LocalTopic", b"again")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
+def test_local_group_without_failover_restarts_the_master_and_keeps_roles(tmp_path: Path) -> None:
+    """With spec.failover.enabled false a lost master is reported, never replaced; a master that
+    exits is started again as the master."""
+    text = ("kind: BrokerGroup\nmetadata: {name: local-g}\n"
+            "spec:\n  replicas: 2\n  replication: ASYNC\n"
+            "  failover: {enabled: false, masterLostSeconds: 1}\n")
+    with running_group(tmp_path, text) as g:
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[0].ha == "1/1 in sync" and rows[1].ha == "connected" else None
+
+        poll(linked, 30, 0.2, what="slave connected to the master")
+        master_pid = g.pid(0)
+        os.kill(master_pid, signal.SIGSTOP)
+        try:
+            poll(lambda: "failover is off" in status_output(g.data_dir), 20, 0.3, what="lost master reported")
+            assert _roles(status_rows(g.data_dir))[1] == ("broker-1", 1, "SLAVE")
+            assert g.state["epoch"] == 0
+        finally:
+            os.kill(master_pid, signal.SIGCONT)
+        os.kill(master_pid, signal.SIGKILL)
+
+        def restarted() -> list[Row] | None:
+            rows = linked()
+            return rows if rows and rows[0].restarts == 1 else None
+
+        rows = poll(restarted, 30, 0.3, what="master started again")
+        assert _roles(rows) == [("broker-0", 0, "ASYNC_MASTER"), ("broker-1", 1, "SLAVE")]
+        assert g.pid(0) != master_pid
+        resp = send_raw(g.addr(0), "LocalTopic", b"x")
         assert resp.code == ResponseCode.SUCCESS, resp.remark

@@ -88,6 +88,9 @@ def test_example_validates_and_local_runner_reads_it() -> None:
     spec = parse_spec(apply_defaults(SCHEMA, doc))
     assert (local.replicas, local.replication, local.master_discovery) == (
         spec.replicas, spec.replication, spec.master_discovery)
+    # rmq-local fails over by the same spec, with the CRD's defaults.
+    assert (local.failover.enabled, local.failover.master_lost_seconds, local.failover.allow_data_loss) == (
+        spec.failover.enabled, spec.failover.master_lost_seconds, spec.failover.allow_data_loss)
 
 
 def test_schema_defaults_match_operator_defaults() -> None:

@@ -1,0 +1,1 @@
+"""A BrokerGroup as local processes (``rmq-local``): the manifest, the supervised processes, the table."""

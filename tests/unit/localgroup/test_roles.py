@@ -1,0 +1,98 @@
+"""rmq-local's role bookkeeping: the assignment kept across runs, the failover spec, process restarts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqbroker.localgroup.manifest import FailoverSpec, GroupSpec, ManifestError, load_manifest
+from rmqbroker.localgroup.supervisor import BACKOFF_MAX, LocalGroup, Proc
+
+
+def group(tmp_path: Path, replicas: int = 3, name: str = "g") -> LocalGroup:
+    spec = GroupSpec(name=name, cluster_name="C", broker_name=name, replicas=replicas, replication="SYNC",
+                     flush_disk_type="ASYNC_FLUSH", master_discovery="Direct", broker_config={})
+    return LocalGroup(spec, tmp_path, 30911, "127.0.0.1:30876", tmp_path / "token")
+
+
+def test_fresh_group_has_broker_0_as_master(tmp_path: Path) -> None:
+    g = group(tmp_path)
+    g.load_assignment(None)
+    assert g.assignment == {0: 0, 1: 1, 2: 2} and g.epoch == 0 and g.master == 0
+
+
+def test_saved_roles_are_kept_and_completed_for_more_replicas(tmp_path: Path) -> None:
+    g = group(tmp_path, replicas=4)
+    g.load_assignment({"group": "g", "epoch": 3, "assignment": {"0": 1, "1": 0, "2": 2}})
+    assert g.assignment == {0: 1, 1: 0, 2: 2, 3: 3} and g.epoch == 3 and g.master == 1
+    g.write_confs()
+    conf0 = (tmp_path / "broker-0.conf").read_text()
+    assert "brokerRole=SLAVE\n" in conf0 and "brokerId=1\n" in conf0 and "haMasterAddress=127.0.0.1:30922" in conf0
+    assert f"storePathRootDir={tmp_path / 'broker-0' / 'store'}" in conf0  # the store stays with the ordinal
+    conf1 = (tmp_path / "broker-1.conf").read_text()
+    assert "brokerRole=SYNC_MASTER\n" in conf1 and "brokerId=0\n" in conf1 and "haMasterAddress" not in conf1
+
+
+def test_saved_roles_of_another_group_are_ignored(tmp_path: Path) -> None:
+    g = group(tmp_path)
+    g.load_assignment({"group": "other", "epoch": 5, "assignment": {"0": 1, "1": 0, "2": 2}})
+    assert g.assignment == {0: 0, 1: 1, 2: 2} and g.epoch == 0
+
+
+def test_scale_down_may_not_remove_the_master(tmp_path: Path) -> None:
+    g = group(tmp_path, replicas=2)
+    with pytest.raises(ValueError, match=r"the master is broker-2: spec\.replicas must be at least 3"):
+        g.load_assignment({"group": "g", "epoch": 1, "assignment": {"0": 1, "1": 2, "2": 0}})
+    g.load_assignment({"group": "g", "epoch": 1, "assignment": {"0": 0, "1": 2, "2": 1}})
+    assert g.assignment == {0: 0, 1: 2}
+
+
+@pytest.mark.parametrize(("failover", "message"), [
+    ("[]", "spec.failover must be an object"),
+    ("{enabled: 'yes'}", "spec.failover.enabled must be true or false"),
+    ("{masterLostSeconds: 0}", r"masterLostSeconds must be an integer from 1 to 3600"),
+    ("{masterLostSeconds: '5'}", r"masterLostSeconds must be an integer from 1 to 3600"),
+    ("{allowDataLoss: 1}", "spec.failover.allowDataLoss must be true or false"),
+])
+def test_bad_failover_spec_is_refused(tmp_path: Path, failover: str, message: str) -> None:
+    path = tmp_path / "bg.yaml"
+    path.write_text(f"kind: BrokerGroup\nmetadata: {{name: x}}\nspec:\n  failover: {failover}\n")
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(path)
+
+
+def test_failover_spec_defaults_and_values(tmp_path: Path) -> None:
+    path = tmp_path / "bg.yaml"
+    path.write_text("kind: BrokerGroup\nmetadata: {name: x}\nspec: {}\n")
+    assert load_manifest(path).failover == FailoverSpec(True, 30, False)
+    path.write_text("kind: BrokerGroup\nmetadata: {name: x}\n"
+                    "spec: {failover: {enabled: false, masterLostSeconds: 7, allowDataLoss: true}}\n")
+    assert load_manifest(path).failover == FailoverSpec(False, 7, True)
+
+
+def test_exited_process_restarts_with_doubling_back_off(tmp_path: Path) -> None:
+    proc = Proc("p", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "p.log")
+    proc.start(0.0)
+    assert proc.popen is not None
+    proc.popen.wait(30)
+    said = proc.reap(1.0)
+    assert said is not None and "p exited (status 3); starting it again in 1s" in said
+    assert proc.reap(1.5) is None  # said once
+    assert not proc.due(1.9) and proc.due(2.0)
+    delays: list[Any] = []
+    now = 2.0
+    for _ in range(7):
+        proc.start(now)
+        proc.popen.wait(30)
+        proc.reap(now + 0.1)
+        assert proc.restart_at is not None
+        delays.append(round(proc.restart_at - (now + 0.1), 3))
+        now = proc.restart_at
+    assert delays == [2.0, 4.0, 8.0, 16.0, BACKOFF_MAX, BACKOFF_MAX, BACKOFF_MAX]
+    proc.start(now)
+    proc.popen.wait(30)
+    proc.reap(now + 61.0)  # ran for over a minute: back to the first delay
+    assert proc.restart_at == pytest.approx(now + 62.0)
