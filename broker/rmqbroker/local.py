@@ -21,11 +21,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rmqbroker.localgroup.manifest import FailoverSpec, GroupSpec, ManifestError, load_manifest, render_conf
+from rmqbroker.localgroup.manifest import GroupSpec, ManifestError, load_manifest, render_conf
 from rmqbroker.localgroup.supervisor import STATE_FILE, LocalGroup, Proc, broker_ports
 from rmqbroker.localgroup.view import status_table
 
-__all__ = ["FailoverSpec", "GroupSpec", "ManifestError", "load_manifest", "main", "render_conf", "status_table"]
+__all__ = ["GroupSpec", "ManifestError", "load_manifest", "main", "render_conf", "status_table"]
 
 # How long a broker may take to answer /healthz when the group starts (a large store recovers first).
 START_TIMEOUT = 60.0

@@ -193,8 +193,7 @@ def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: 
     live = [election.Candidate(p.name, p.ordinal, p.broker.epoch, p.broker.max_offset) for p in slaves
             if p.broker is not None and p.broker.role == "SLAVE" and not p.deleting]
     record = election.MasterRecord(memory.seen_healthy, memory.connected, memory.in_sync, memory.master_offset)
-    strict = spec.replication == "SYNC" and not spec.failover.allow_data_loss
-    return election.choose(live, [p.name for p in slaves], state.epoch, strict, record)
+    return election.choose(live, [p.name for p in slaves], state.epoch, spec.failover.strict(spec.replication), record)
 
 
 def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,

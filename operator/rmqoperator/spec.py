@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rmqbroker.ha.election import FailoverSpec
 from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in
 
 log = logging.getLogger(__name__)
@@ -45,13 +46,6 @@ MAX_NAME_LENGTH = 40
 
 class SpecError(ValueError):
     """The spec cannot be used; the message says why."""
-
-
-@dataclass(frozen=True)
-class FailoverSpec:
-    enabled: bool = True
-    master_lost_seconds: int = 30
-    allow_data_loss: bool = False
 
 
 @dataclass(frozen=True)

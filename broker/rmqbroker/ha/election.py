@@ -22,6 +22,19 @@ IN_SYNC_MAX_LAG = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
+class FailoverSpec:
+    """A BrokerGroup's ``spec.failover`` (the CRD's defaults), for the operator and rmq-local alike."""
+
+    enabled: bool = True
+    master_lost_seconds: int = 30
+    allow_data_loss: bool = False
+
+    def strict(self, replication: str) -> bool:
+        """Only a slave holding every acknowledged message may be promoted (SYNC, no data loss allowed)."""
+        return replication == "SYNC" and not self.allow_data_loss
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A reachable slave: its name, tie-break rank (lower wins) and what its ``/status`` says."""
 

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rmqbroker.ha.election import FailoverSpec
 from rmqbroker.managed_keys import managed_keys_in
 
 
 class ManifestError(ValueError):
     """The manifest is not a usable BrokerGroup."""
-
-
-@dataclass(frozen=True)
-class FailoverSpec:
-    """``spec.failover``: promote a slave when the master is unreachable this long."""
-
-    enabled: bool = True
-    master_lost_seconds: int = 30
-    allow_data_loss: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,7 +29,7 @@ class GroupSpec:
     flush_disk_type: str
     master_discovery: str
     broker_config: dict[str, str]
-    failover: FailoverSpec = FailoverSpec()
+    failover: FailoverSpec = field(default_factory=FailoverSpec)
 
     @property
     def master_role(self) -> str:

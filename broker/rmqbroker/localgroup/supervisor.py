@@ -303,9 +303,8 @@ class LocalGroup:
                 live.append(election.Candidate(self.name_of(ordinal), ordinal, int(st.get("epoch") or 0),
                                                int(st.get("maxPhyOffset") or 0)))
         slaves = [self.name_of(o) for o in self.assignment if o != self.master]
-        strict = self.spec.replication == "SYNC" and not fo.allow_data_loss
         record = election.MasterRecord(w.seen_healthy, w.connected, w.in_sync, w.master_offset)
-        chosen, why = election.choose(live, slaves, self.epoch, strict, record)
+        chosen, why = election.choose(live, slaves, self.epoch, fo.strict(self.spec.replication), record)
         if chosen is None:
             self._refused(why, f"master {old} lost; not promoting: {why}")
             return

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from rmqbroker.localgroup.manifest import FailoverSpec, GroupSpec, ManifestError, load_manifest
+from rmqbroker.ha.election import FailoverSpec
+from rmqbroker.localgroup.manifest import GroupSpec, ManifestError, load_manifest
 from rmqbroker.localgroup.supervisor import BACKOFF_MAX, LocalGroup, Proc
 
 
