@@ -93,6 +93,21 @@ def test_example_validates_and_local_runner_reads_it() -> None:
         spec.failover.enabled, spec.failover.master_lost_seconds, spec.failover.allow_data_loss)
 
 
+def test_cluster_example_validates_and_parses() -> None:
+    """examples/cluster.yaml: two groups, the second registering with the first's nameserver pods."""
+    docs = [d for d in yaml.safe_load_all((EXAMPLE.parent / "cluster.yaml").read_text()) if d]
+    specs = []
+    for doc in docs:
+        VALIDATOR.validate(doc)
+        doc["metadata"] |= {"namespace": "default", "uid": "u"}
+        specs.append(parse_spec(apply_defaults(SCHEMA, doc)))
+    a, b = specs
+    assert (a.name, b.name) == ("broker-a", "broker-b") and a.cluster_name == b.cluster_name
+    assert a.name_server.managed and not b.name_server.managed
+    assert b.name_server.addresses == tuple(
+        f"broker-a-namesrv-{i}.broker-a-namesrv-headless.default.svc:9876" for i in range(a.name_server.replicas))
+
+
 def test_schema_defaults_match_operator_defaults() -> None:
     bare = {"apiVersion": "rmq.brokergroup.dev/v1alpha1", "kind": "BrokerGroup",
             "metadata": {"name": "g", "namespace": "ns", "uid": "u"}, "spec": {}}
