@@ -2,7 +2,8 @@
 
 ``rmq-local up examples/brokergroup.yaml`` starts a nameserver, the master and ``replicas - 1``
 slaves with data under ``--data-dir`` and shows a live table of roles, offsets and lag until
-Ctrl-C; ``rmq-local status`` prints the table once for a group started earlier. While it runs,
+Ctrl-C; ``rmq-local status`` prints the table once for a group started earlier. A manifest of
+several BrokerGroups runs them as one cluster around one nameserver. While it runs,
 exited processes are started again and a lost master is failed over
 (:mod:`rmqbroker.localgroup.supervisor`).
 """
@@ -21,15 +22,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rmqbroker.localgroup.manifest import GroupSpec, ManifestError, load_manifest, render_conf
-from rmqbroker.localgroup.supervisor import STATE_FILE, LocalGroup, Proc, broker_ports
+from rmqbroker.localgroup.manifest import GroupSpec, ManifestError, load_groups, load_manifest, render_conf
+from rmqbroker.localgroup.supervisor import STATE_FILE, LocalGroup, Proc
 from rmqbroker.localgroup.view import status_table
 
-__all__ = ["GroupSpec", "ManifestError", "load_manifest", "main", "render_conf", "status_table"]
+__all__ = ["GroupSpec", "ManifestError", "load_groups", "load_manifest", "main", "render_conf", "status_table"]
 
 # How long a broker may take to answer /healthz when the group starts (a large store recovers first).
 START_TIMEOUT = 60.0
 TICK = 1.0
+# The brokers of the second group of a manifest start this many ports above the first's, and so on
+# (a group uses at most 5 brokers x 10 ports, from base - 2).
+GROUP_PORT_STRIDE = 50
 
 
 def _port_free(port: int) -> bool:
@@ -57,69 +61,106 @@ def _wait_ready(admin_port: int, timeout: float, proc: Proc) -> bool:
     return False
 
 
+def _open_groups(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv: str,
+                 token_file: Path) -> list[LocalGroup]:
+    """One LocalGroup per spec with the roles of its previous run. One group keeps its data in
+    ``data_dir`` itself, several each in ``data_dir/<name>``, ``GROUP_PORT_STRIDE`` ports apart."""
+    groups = []
+    for g, spec in enumerate(specs):
+        gdir = data_dir / spec.name if len(specs) > 1 else data_dir
+        gdir.mkdir(parents=True, exist_ok=True)
+        group = LocalGroup(spec, gdir, base_port + GROUP_PORT_STRIDE * g, namesrv, token_file)
+        state_path = gdir / STATE_FILE
+        try:
+            saved = json.loads(state_path.read_text()) if state_path.exists() else None
+            group.load_assignment(saved if isinstance(saved, dict) else None)
+        except ValueError as exc:
+            raise ManifestError(f"BrokerGroup {spec.name}: {exc}") from exc
+        groups.append(group)
+    return groups
+
+
+def _save(groups: list[LocalGroup], data_dir: Path) -> None:
+    for group in groups:
+        group.save()
+    if len(groups) > 1:
+        # The index `rmq-local status` starts from: the groups, each with its own state.json.
+        index = {"groups": [g.spec.name for g in groups], "namesrv": groups[0].namesrv}
+        (data_dir / STATE_FILE).write_text(json.dumps(index, indent=1))
+
+
+def _tables(groups: list[LocalGroup], events: bool) -> str:
+    if len(groups) == 1:
+        return status_table(groups[0].state(), events=events)
+    return "\n\n".join(f"== BrokerGroup {g.spec.name} ==\n{status_table(g.state(), events=events)}" for g in groups)
+
+
+def _banner(groups: list[LocalGroup], token_file: Path) -> None:
+    for group in groups:
+        spec, fo = group.spec, group.spec.failover
+        print(f"BrokerGroup {spec.name}: {spec.replicas} broker(s), {spec.replication} replication, "
+              f"master {group.name_of(group.master)} (epoch {group.epoch}), data in {group.data_dir}")
+        print(f"  admin API:   http://127.0.0.1:{group.ports(group.master)['admin']}/status  "
+              f"(Authorization: Bearer $(cat {token_file}))")
+        print("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
+                                   if fo.enabled else "off (spec.failover.enabled: false)"))
+    namesrv = groups[0].namesrv
+    print(f"nameserver:    {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
+    print("Ctrl-C stops every process; a process that exits is started again.\n", flush=True)
+
+
 def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: bool) -> int:
-    spec = load_manifest(manifest)
+    specs = load_groups(manifest)
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     token_file = data_dir / "admin-token"
     if not token_file.exists():
         token_file.write_text(secrets.token_hex(16) + "\n")
         token_file.chmod(0o600)
-    group = LocalGroup(spec, data_dir, base_port, f"127.0.0.1:{namesrv_port}", token_file)
-    state_path = data_dir / STATE_FILE
+    groups = _open_groups(specs, data_dir, base_port, f"127.0.0.1:{namesrv_port}", token_file)
     try:
-        saved = json.loads(state_path.read_text()) if state_path.exists() else None
-        group.load_assignment(saved if isinstance(saved, dict) else None)
-    except ValueError as exc:
-        raise ManifestError(str(exc)) from exc
-    try:
-        needed = [namesrv_port] + [broker_ports(base_port, o)["listen"] + d for o in range(spec.replicas)
+        needed = [namesrv_port] + [g.ports(o)["listen"] + d for g in groups for o in range(g.spec.replicas)
                                    for d in (-2, 0, 1, 5)]
         busy = [p for p in needed if not _port_free(p)]
         if busy:
             print(f"rmq-local: ports in use: {busy}; pass --base-port/--namesrv-port", file=sys.stderr)
             return 1
-        group.write_confs()
-        group.add_processes()
-        now = time.monotonic()
-        for name in group.start_order():
-            proc = group.procs[name]
-            proc.start(now)
-            if name == "namesrv":
-                continue
-            ordinal = int(name.rsplit("-", 1)[1])
-            if not _wait_ready(group.ports(ordinal)["admin"], START_TIMEOUT, proc):
-                print(f"rmq-local: {name} failed to start; see {proc.log_path}", file=sys.stderr)
-                return 1
-        group.save()
-        master = group.name_of(group.master)
-        fo = spec.failover
-        print(f"BrokerGroup {spec.name}: {spec.replicas} broker(s), {spec.replication} replication, "
-              f"master {master} (epoch {group.epoch}), data in {data_dir}")
-        print(f"  nameserver:  {group.namesrv}   (clients: producer.set_namesrv_addr('{group.namesrv}'))")
-        print(f"  admin API:   http://127.0.0.1:{group.ports(group.master)['admin']}/status  "
-              f"(Authorization: Bearer $(cat {token_file}))")
-        print("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
-                                   if fo.enabled else "off (spec.failover.enabled: false)"))
-        print("  Ctrl-C stops the group; a process that exits is started again.\n", flush=True)
+        for i, group in enumerate(groups):
+            group.write_confs()
+            group.add_processes(with_namesrv=i == 0)
+            now = time.monotonic()
+            for name in group.start_order():
+                proc = group.procs[name]
+                proc.start(now)
+                if name == "namesrv":
+                    continue
+                ordinal = int(name.rsplit("-", 1)[1])
+                if not _wait_ready(group.ports(ordinal)["admin"], START_TIMEOUT, proc):
+                    print(f"rmq-local: {group.spec.name} {name} failed to start; see {proc.log_path}", file=sys.stderr)
+                    return 1
+        _save(groups, data_dir)
+        _banner(groups, token_file)
         if once:
-            print(status_table(group.state(), events=False))
+            print(_tables(groups, events=False))
             return 0
         interactive = sys.stdout.isatty()
         shown = 0.0
-        printed = set(group.events)
+        printed = {e for g in groups for e in g.events}
         while True:
-            group.tick(time.monotonic())
+            for group in groups:
+                group.tick(time.monotonic())
             if interactive:
-                sys.stdout.write("\x1b[H\x1b[J" + status_table(group.state()) + "\n")
+                sys.stdout.write("\x1b[H\x1b[J" + _tables(groups, events=True) + "\n")
             else:
-                # Events are kept in a bounded list: print the ones this pass added.
-                fresh = [e for e in group.events if e not in printed]
-                for e in fresh:
-                    print(e)
-                printed = set(group.events)
+                # Events are kept in bounded lists: print the ones this pass added.
+                prefix = len(groups) > 1
+                for group in groups:
+                    for e in group.events:
+                        if e not in printed:
+                            print(f"{group.spec.name}: {e}" if prefix else e)
+                printed = {e for g in groups for e in g.events}
                 if time.monotonic() - shown >= 10.0:
-                    print(status_table(group.state(), events=False) + "\n")
+                    print(_tables(groups, events=False) + "\n")
                     shown = time.monotonic()
             sys.stdout.flush()
             time.sleep(TICK)
@@ -130,9 +171,27 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
         # not cut the orderly stop short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        group.stop_all()
-        if group.procs:
-            group.save()
+        for group in reversed(groups):  # the first group's nameserver last
+            group.stop_all()
+        if any(g.procs for g in groups):
+            _save(groups, data_dir)
+
+
+def status(data_dir: Path) -> int:
+    state_path = data_dir / STATE_FILE
+    if not state_path.exists():
+        print(f"rmq-local: no group state in {data_dir} (is `rmq-local up` running?)", file=sys.stderr)
+        return 1
+    state = json.loads(state_path.read_text())
+    if "groups" not in state:
+        print(status_table(state))
+        return 0
+    tables = []
+    for name in state["groups"]:
+        group_state = json.loads((data_dir / name / STATE_FILE).read_text())
+        tables.append(f"== BrokerGroup {name} ==\n{status_table(group_state)}")
+    print("\n\n".join(tables))
+    return 0
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -161,12 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         except ManifestError as exc:
             print(f"rmq-local: {exc}", file=sys.stderr)
             raise SystemExit(2) from exc
-    state_path = args.data_dir / STATE_FILE
-    if not state_path.exists():
-        print(f"rmq-local: no group state in {args.data_dir} (is `rmq-local up` running?)", file=sys.stderr)
-        raise SystemExit(1)
-    state = json.loads(state_path.read_text())
-    print(status_table(state))
+    raise SystemExit(status(args.data_dir))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqbroker.managed_keys import MANAGED_KEYS
-from rmqbroker.remoting.codes import ResponseCode
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.integration.helpers import poll, send_raw
 from tests.support.procs import free_port_block
 
@@ -357,3 +357,59 @@ def test_local_group_without_failover_restarts_the_master_and_keeps_roles(tmp_pa
         assert g.pid(0) != master_pid
         resp = send_raw(g.addr(0), "LocalTopic", b"x")
         assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
+def test_local_cluster_of_two_groups_shares_one_nameserver(tmp_path: Path) -> None:
+    """`rmq-local up examples/cluster.yaml`: the Kubernetes example of two groups as one cluster runs
+    locally around one nameserver, and the stock producer spreads a topic over both groups."""
+    from rmqbroker.local import GROUP_PORT_STRIDE
+    from tests.integration.helpers import create_topic, message, produce, route, rpc
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+    base = free_port_block(128) + 2
+    namesrv = f"127.0.0.1:{base + 120}"
+    data_dir = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(example), "--data-dir", str(data_dir),
+                             "--base-port", str(base), "--namesrv-port", str(base + 120)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: (data_dir / "state.json").exists() or proc.poll() is not None, 90, 0.2, what="cluster up")
+        assert proc.poll() is None, proc.communicate()
+
+        def linked() -> str | None:
+            out = status_output(data_dir)
+            return out if out.count("1/1 in sync") == 2 and out.count(" connected ") == 2 else None
+
+        out = poll(linked, 30, 0.3, what="both groups' slaves connected")
+        assert "== BrokerGroup broker-a ==" in out and "== BrokerGroup broker-b ==" in out
+        assert (data_dir / "broker-b" / "broker-0" / "store").is_dir()
+        masters = {"broker-a": f"127.0.0.1:{base}", "broker-b": f"127.0.0.1:{base + GROUP_PORT_STRIDE}"}
+
+        def both_registered() -> dict[str, Any] | None:
+            info = json.loads(bytes(rpc(namesrv, RequestCode.GET_BROKER_CLUSTER_INFO).body))
+            table = info["brokerAddrTable"]
+            ok = all(sorted((table.get(n) or {}).get("brokerAddrs", {})) == ["0", "1"] for n in masters)
+            return info if ok else None
+
+        info = poll(both_registered, 30, 0.3, what="both groups registered with the one nameserver")
+        assert sorted(info["clusterAddrTable"]["DefaultCluster"]) == ["broker-a", "broker-b"]
+        assert {n: info["brokerAddrTable"][n]["brokerAddrs"]["0"] for n in masters} == masters
+
+        for master in masters.values():
+            create_topic(master, "LocalCluster", 4)
+        poll(lambda: len((route(namesrv, "LocalCluster") or {}).get("brokerDatas", [])) == 2, 30, 0.3,
+             what="route over both groups")
+        results = produce(namesrv, [message("LocalCluster", f"m{i}") for i in range(20)], settle_ms=300)
+        assert all(r is not None and r["status"] == 0 for r in results), results
+
+        def stored(broker: str) -> int:
+            return sum(int(rpc(broker, RequestCode.GET_MAX_OFFSET, {"topic": "LocalCluster", "queueId": str(q)})
+                           .ext_fields["offset"]) for q in range(4))
+
+        counts = {n: stored(addr) for n, addr in masters.items()}
+        assert sum(counts.values()) == 20 and all(counts.values()), counts
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

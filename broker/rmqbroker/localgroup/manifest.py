@@ -54,15 +54,49 @@ def _failover(obj: Any) -> FailoverSpec:
     return FailoverSpec(enabled, lost, loss)
 
 
-def load_manifest(path: Path) -> GroupSpec:
+# rmq-local runs at most this many groups of one manifest (ports: GROUP_PORT_STRIDE apart).
+MAX_GROUPS = 4
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
     except (OSError, yaml.YAMLError) as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from exc
-    groups = [d for d in docs if isinstance(d, dict) and d.get("kind") == "BrokerGroup"]
+    return [d for d in docs if isinstance(d, dict) and d.get("kind") == "BrokerGroup"]
+
+
+def load_manifest(path: Path) -> GroupSpec:
+    """The one BrokerGroup of ``path``."""
+    groups = _documents(path)
     if len(groups) != 1:
         raise ManifestError(f"{path} must contain exactly one BrokerGroup, found {len(groups)}")
-    doc = groups[0]
+    return parse_group(groups[0])
+
+
+def load_groups(path: Path) -> list[GroupSpec]:
+    """Every BrokerGroup of ``path`` (one cluster: they share one nameserver locally)."""
+    docs = _documents(path)
+    if not 1 <= len(docs) <= MAX_GROUPS:
+        raise ManifestError(f"{path} must contain 1 to {MAX_GROUPS} BrokerGroups, found {len(docs)}")
+    specs = []
+    for i, doc in enumerate(docs):
+        try:
+            specs.append(parse_group(doc))
+        except ManifestError as exc:
+            if len(docs) == 1:
+                raise
+            name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+            raise ManifestError(f"BrokerGroup {name or f'#{i + 1}'}: {exc}") from exc
+    for attr, what in (("name", "metadata.name"), ("broker_name", "brokerName")):
+        values = [getattr(s, attr) for s in specs]
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise ManifestError(f"two BrokerGroups have the same {what}: {', '.join(twice)}")
+    return specs
+
+
+def parse_group(doc: dict[str, Any]) -> GroupSpec:
     meta = doc.get("metadata") or {}
     spec = doc.get("spec") or {}
     if not isinstance(meta, dict) or not isinstance(spec, dict) or not meta.get("name"):

@@ -220,9 +220,11 @@ class LocalGroup:
 
     # -- processes --------------------------------------------------------------------------
 
-    def add_processes(self) -> None:
-        self.procs["namesrv"] = Proc("namesrv", [sys.executable, "-m", "rmqbroker.namesrv.main", "--listen",
-                                                 self.namesrv], self.data_dir / "namesrv.log")
+    def add_processes(self, with_namesrv: bool = True) -> None:
+        """The group's brokers and, for the first group of a manifest, the nameserver they all share."""
+        if with_namesrv:
+            self.procs["namesrv"] = Proc("namesrv", [sys.executable, "-m", "rmqbroker.namesrv.main", "--listen",
+                                                     self.namesrv], self.data_dir / "namesrv.log")
         for ordinal in self.assignment:
             name = self.name_of(ordinal)
             self.procs[name] = Proc(name, [sys.executable, "-m", "rmqbroker.main", "-c",
@@ -231,7 +233,7 @@ class LocalGroup:
     def start_order(self) -> list[str]:
         """The nameserver, the master, then the slaves."""
         slaves = [self.name_of(o) for o in self.assignment if o != self.master]
-        return ["namesrv", self.name_of(self.master), *slaves]
+        return [*(["namesrv"] if "namesrv" in self.procs else []), self.name_of(self.master), *slaves]
 
     def stop_all(self) -> None:
         for proc in reversed(list(self.procs.values())):

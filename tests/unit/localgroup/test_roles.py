@@ -97,3 +97,35 @@ def test_exited_process_restarts_with_doubling_back_off(tmp_path: Path) -> None:
     proc.popen.wait(30)
     proc.reap(now + 61.0)  # ran for over a minute: back to the first delay
     assert proc.restart_at == pytest.approx(now + 62.0)
+
+
+def _groups_yaml(*groups: str) -> str:
+    return "\n---\n".join(f"kind: BrokerGroup\nmetadata: {{name: {g}}}\nspec: {{}}" for g in groups)
+
+
+def test_several_groups_load_in_order(tmp_path: Path) -> None:
+    from rmqbroker.localgroup.manifest import load_groups
+
+    path = tmp_path / "c.yaml"
+    path.write_text(_groups_yaml("broker-a", "broker-b"))
+    assert [s.name for s in load_groups(path)] == ["broker-a", "broker-b"]
+    with pytest.raises(ManifestError, match="exactly one BrokerGroup, found 2"):
+        load_manifest(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (_groups_yaml("a", "a"), "two BrokerGroups have the same metadata.name: a"),
+    (_groups_yaml("a", "b") + "\n---\nkind: BrokerGroup\nmetadata: {name: c}\nspec: {brokerName: a}",
+     "two BrokerGroups have the same brokerName: a"),
+    (_groups_yaml("a", "b", "c", "d", "e"), "1 to 4 BrokerGroups, found 5"),
+    ("kind: ConfigMap\nmetadata: {name: x}\n", "1 to 4 BrokerGroups, found 0"),
+    (_groups_yaml("a") + "\n---\nkind: BrokerGroup\nmetadata: {name: b}\nspec: {replicas: 9}",
+     "BrokerGroup b: spec.replicas must be an integer from 1 to 5"),
+])
+def test_bad_cluster_manifest_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    from rmqbroker.localgroup.manifest import load_groups
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ManifestError, match=message):
+        load_groups(path)
