@@ -56,7 +56,7 @@ class MasterRecord:
 
 def in_sync(follows_master: bool, connected: bool, slave_epoch: int, master_epoch: int, lag: int) -> bool:
     """A slave counts as in sync: following this master, connected, same epoch, little lag."""
-    return follows_master and connected and slave_epoch == master_epoch and 0 <= lag <= IN_SYNC_MAX_LAG
+    return follows_master and connected and slave_epoch == master_epoch and lag <= IN_SYNC_MAX_LAG
 
 
 def choose(live: Sequence[Candidate], slaves: Collection[str], epoch: int, strict: bool,

@@ -280,7 +280,8 @@ class LocalGroup:
                 follows = st.get("role") == "SLAVE" and ha.get("masterAddress") == self.ha_address(self.master)
                 if follows and ha.get("connected"):
                     connected.add(self.name_of(ordinal))
-                lag = w.master_offset - int(st.get("maxPhyOffset") or 0)
+                # Polled a moment after the master, a slave may be past the offset seen there.
+                lag = max(0, w.master_offset - int(st.get("maxPhyOffset") or 0))
                 if election.in_sync(follows, bool(ha.get("connected")), int(st.get("epoch") or 0),
                                     int(ms.get("epoch") or 0), lag):
                     synced.add(self.name_of(ordinal))
