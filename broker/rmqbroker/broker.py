@@ -171,6 +171,7 @@ class Broker:
             self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=token,
                                      registry=self.registry, status=self.status, ready=self.ready)
             self.admin.add_route("POST", "/ha/master", self._http_repoint)
+            self.admin.add_route("POST", "/ha/fence", self._http_fence)
             self.admin.add_route("POST", "/role", self._http_role)
             self.admin.add_route("GET", "/commitlog", self._http_commitlog)
             # Read-only views for replica verification (rmqbroker.verify).
@@ -435,6 +436,17 @@ class Broker:
         except RoleChangeError as exc:
             return json_error(409, str(exc))
         return json_response({"haAddress": ha_addr, "brokerAddress": broker_addr})
+
+    async def _http_fence(self, request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        epoch = body.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            return json_error(400, "epoch must be a non-negative integer")
+        try:
+            result = await self.replication.fence(epoch)
+        except RoleChangeError as exc:
+            return json_error(409, str(exc))
+        return json_response(result)
 
     async def _http_role(self, request: web.Request) -> web.Response:
         body = await read_json_object(request)

@@ -176,3 +176,39 @@ def test_slave_does_not_stream_from_a_master_of_an_older_epoch(cluster: Cluster)
     assert_same_log(master, s)
     st = s.status()
     assert (st["role"], st["epoch"], st["ha"]["connected"]) == ("SLAVE", 3, True)
+
+
+# ---------------------------------------------------------------- fencing
+def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: Cluster) -> None:
+    """POST /ha/fence, the first step of a failover: the slave drops its master of an older epoch
+    at once (a SYNC_MASTER then gets no ack for a send), reports a final offset, and follows again
+    only when re-pointed."""
+    master = cluster.broker(None, name="broker-g", role="SYNC_MASTER")
+    ha_addr = f"127.0.0.1:{master.port + 1}"
+    s = cluster.broker(None, name="broker-g", broker_id=1, role="SLAVE", haMasterAddress=ha_addr)
+    poll(lambda: master.status()["ha"]["slaves"], 10, what="slave connected to the master")
+    send_some(master, "FenceTopic", 10, "before")
+    end = assert_same_log(master, s)
+
+    code, body = post(master, "/ha/fence", {"epoch": 1})
+    assert code == 409 and "only a slave is fenced" in body["error"], body
+    code, body = post(s, "/ha/fence", {"epoch": "1"})
+    assert code == 400, body
+    code, body = post(s, "/ha/fence", {"epoch": 1})
+    assert code == 200, body
+    assert body == {"epoch": 0, "fencedBelowEpoch": 1, "maxPhyOffset": end}
+    poll(lambda: s.status()["ha"]["refusedStreams"] >= 1, 10, what="the master's stream refused while fenced")
+    st = s.status()
+    assert st["ha"]["fencedBelowEpoch"] == 1 and st["ha"]["connected"] is False
+    assert "fenced below epoch 1" in s.log_text()
+    # The master, at epoch 0, finds no slave to acknowledge a SYNC send; the slave stays where it was.
+    resp = send_raw(master.addr, "FenceTopic", b"after-fence")
+    assert resp.code != 0, "a SYNC_MASTER answered SEND_OK with its only slave fenced"
+    assert s.status()["maxPhyOffset"] == end
+    # A re-point (here: the same master, kept after all) lifts the fence.
+    code, body = post(s, "/ha/master", {"haAddress": ha_addr, "brokerAddress": master.addr})
+    assert code == 200, body
+    poll(lambda: s.status()["ha"]["connected"], 10, what="slave following again")
+    assert s.status()["ha"]["fencedBelowEpoch"] == 0
+    send_some(master, "FenceTopic", 5, "after-repoint")
+    assert_same_log(master, s)

@@ -110,9 +110,35 @@ class ReplicationController:
             if not self.ctx.is_slave:
                 raise RoleChangeError(f"this broker is {self.ctx.role}; demote it (POST /role) before re-pointing")
             self.pinned_master = True
+            if self.epochs.fence:
+                # The failover that fenced this slave chose whom it follows now.
+                self.epochs.unfence()
+                await self.ha_client.restart()
             self.ha_client.set_master(ha_addr)
             if broker_addr:
                 self.metadata_sync.set_master(broker_addr)
+
+    async def fence(self, epoch: int) -> dict[str, Any]:
+        """POST /ha/fence: stop acknowledging any master older than ``epoch``, at once.
+
+        A failover fences every slave before it picks the one to promote: the old master, if it
+        is only hung, could otherwise still get a slave's ack for a send after the choice (and
+        answer SEND_OK for bytes the new master never gets). The answer's offset is final for
+        that master: the connection is closed and its writes in flight are complete.
+        """
+        async with self._lock:
+            if not self.ctx.is_slave:
+                raise RoleChangeError(f"this broker is {self.ctx.role}; only a slave is fenced")
+            try:
+                self.epochs.check_not_older(epoch)
+            except EpochError as exc:
+                raise RoleChangeError(str(exc)) from exc
+            self.epochs.fence_below(epoch)
+            await self.ha_client.restart()
+            log.warning("fenced below epoch %d at offset %d (following no master older than that)", epoch,
+                        self.store.max_phy_offset())
+            return {"epoch": self.epochs.epoch, "fencedBelowEpoch": self.epochs.fence,
+                    "maxPhyOffset": self.store.max_phy_offset()}
 
     async def change_role(self, role: str, broker_id: int, epoch: int) -> dict[str, Any]:
         """POST /role: promote to a master or demote to a slave at ``epoch``."""
@@ -247,6 +273,7 @@ class ReplicationController:
                 "connects": self.ha_client.connects,
                 "masterWithoutEpochs": self.ctx.is_slave and self.ha_client.legacy_master,
                 "refusedStreams": self.ha_client.mismatches,
+                "fencedBelowEpoch": self.epochs.fence if self.epochs.fenced else 0,
             },
             "metadataSync": {
                 "masterAddress": ms.master_addr if self.ctx.is_slave else None,

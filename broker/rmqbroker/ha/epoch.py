@@ -114,6 +114,9 @@ class EpochStore:
         self.history: list[EpochEntry] = []
         self.own_epoch: int | None = None
         self.generation = 0
+        # Masters below this epoch are not followed (POST /ha/fence, during a failover). In memory
+        # only: a re-point clears it, and a restarted slave follows what its configuration says.
+        self.fence = 0
         text = load_with_backup(self.path)
         if text:
             try:
@@ -185,6 +188,24 @@ class EpochStore:
             self.history = list(history)
             self._changed()
             self._persist()
+
+    def fence_below(self, epoch: int) -> None:
+        """Follow no master older than ``epoch`` until :meth:`unfence` (a newer one is being promoted)."""
+        with self._lock:
+            if epoch > self.fence:
+                self.fence = epoch
+                self._changed()
+
+    def unfence(self) -> None:
+        with self._lock:
+            if self.fence:
+                self.fence = 0
+                self._changed()
+
+    @property
+    def fenced(self) -> bool:
+        """Whether masters of the current epoch are refused (a fence above it is in place)."""
+        return self.fence > self.epoch
 
     def set_epoch(self, epoch: int) -> None:
         with self._lock:

@@ -498,6 +498,11 @@ class HAClient:
         self.master_addr = addr
         self._changed.set()
 
+    async def restart(self) -> None:
+        """Drop the current connection (its writes in flight complete first) and connect afresh."""
+        await self.stop()
+        self.start()
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._task is None:
@@ -625,6 +630,10 @@ class HAClient:
         # that asks again, so a master replaced at the same address gets the handshake.
         legacy = self._legacy_next == addr
         self._legacy_next = None
+        if legacy and self.epochs is not None and self.epochs.fenced:
+            # Without the handshake a master's epoch is unknown: none is followed while fenced.
+            raise StreamMismatchError(f"fenced below epoch {self.epochs.fence}: not following {addr} "
+                                      "without the epoch handshake")
         self.legacy_master = legacy
         changed = asyncio.ensure_future(self._changed.wait())
         running: asyncio.Future[Any] | None = None
@@ -679,6 +688,10 @@ class HAClient:
         if master_epoch < epochs.epoch:
             raise StreamMismatchError(
                 f"master {addr} is at epoch {master_epoch}, older than ours ({epochs.epoch})")
+        if master_epoch < epochs.fence:
+            raise StreamMismatchError(
+                f"master {addr} is at epoch {master_epoch}; fenced below epoch {epochs.fence} while a newer "
+                "master is promoted")
         point = divergence_offset(epochs.history, master_history, master_max)
         own_max = self.store.max_phy_offset()
         if own_max > point and master_epoch == epochs.epoch and same_term(epochs.history, master_history):

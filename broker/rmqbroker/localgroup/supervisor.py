@@ -300,19 +300,38 @@ class LocalGroup:
             self._refused("disabled", f"master {old} unreachable for {now - w.lost_since:.0f}s; failover is off "
                                       "(spec.failover.enabled: false)")
             return
-        live = []
-        for ordinal, st in self.statuses.items():
-            if ordinal != self.master and st is not None and st.get("role") == "SLAVE":
-                live.append(election.Candidate(self.name_of(ordinal), ordinal, int(st.get("epoch") or 0),
-                                               int(st.get("maxPhyOffset") or 0)))
+        live = {ordinal: st for ordinal, st in self.statuses.items()
+                if ordinal != self.master and st is not None and st.get("role") == "SLAVE"}
         slaves = [self.name_of(o) for o in self.assignment if o != self.master]
+        strict = fo.strict(self.spec.replication)
         record = election.MasterRecord(w.seen_healthy, w.connected, w.in_sync, w.master_offset)
-        chosen, why = election.choose(live, slaves, self.epoch, fo.strict(self.spec.replication), record)
+
+        def candidates(offsets: Mapping[int, int]) -> list[election.Candidate]:
+            return [election.Candidate(self.name_of(o), o, int(st.get("epoch") or 0), offsets[o])
+                    for o, st in live.items() if o in offsets]
+
+        chosen, why = election.choose(candidates({o: int(st.get("maxPhyOffset") or 0) for o, st in live.items()}),
+                                      slaves, self.epoch, strict, record)
         if chosen is None:
             self._refused(why, f"master {old} lost; not promoting: {why}")
             return
-        cand = int(chosen.rsplit("-", 1)[1])
         epoch = election.next_epoch(self.epoch, [int(st.get("epoch") or 0) for st in self.statuses.values() if st])
+        # Fence every slave first: a master that is only hung could otherwise still get an ack
+        # (and answer SEND_OK) after the choice. The offsets they answer are final; choose on them.
+        fenced: dict[int, int] = {}
+        for ordinal in live:
+            try:
+                answer = admin_call(self.ports(ordinal)["admin"], self.token, "POST", "/ha/fence", {"epoch": epoch},
+                                    CONTROL_TIMEOUT)
+                fenced[ordinal] = int(answer.get("maxPhyOffset") or 0)
+            except AdminCallError as exc:
+                self.event(f"fencing {self.name_of(ordinal)} failed: {exc}")
+        chosen, why = election.choose(candidates(fenced), slaves, self.epoch, strict, record)
+        if chosen is None or (strict and len(fenced) < len(live)):
+            why = why if chosen is None else "a slave could not be fenced"
+            self._refused(why, f"master {old} lost; not promoting: {why}")
+            return
+        cand = int(chosen.rsplit("-", 1)[1])
         try:
             admin_call(self.ports(cand)["admin"], self.token, "POST", "/role",
                        {"role": self.spec.master_role, "brokerId": 0, "epoch": epoch}, CONTROL_TIMEOUT)
@@ -375,6 +394,8 @@ class LocalGroup:
                 self.event(f"re-registering master {self.name_of(master)} failed: {exc}")
 
     def _needs_repoint(self, ordinal: int, st: Mapping[str, Any], master_ha: str) -> bool:
+        if (st.get("ha") or {}).get("fencedBelowEpoch"):
+            return True  # fenced by a failover that did not happen: a re-point lifts it
         following = (st.get("ha") or {}).get("masterAddress")
         if following is None and self.spec.master_discovery == "NameServer":
             # A slave just started asks the nameserver for its master within seconds.
