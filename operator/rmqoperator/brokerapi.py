@@ -1,4 +1,5 @@
-"""Client of the brokers' admin HTTP endpoint: ``GET /status``, ``POST /ha/master``, ``POST /role``.
+"""Client of the brokers' admin HTTP endpoint: ``GET /status``, ``POST /ha/master``, ``POST /ha/fence``,
+``POST /role``.
 
 Every call carries the group's bearer token. Timeouts are short for status polls (an
 unreachable broker must not delay the others) and longer for role changes (a promotion may
@@ -75,6 +76,9 @@ class BrokerAdmin:
         if epoch is not None:
             body["epoch"] = epoch
         return await self._call("POST", f"http://{host}:{port}/ha/master", token, body, CONTROL_TIMEOUT)
+
+    async def fence(self, host: str, port: int, token: str, epoch: int) -> dict[str, Any]:
+        return await self._call("POST", f"http://{host}:{port}/ha/fence", token, {"epoch": epoch}, CONTROL_TIMEOUT)
 
     async def set_role(self, host: str, port: int, token: str, role: str, broker_id: int,
                        epoch: int) -> dict[str, Any]:

@@ -29,7 +29,10 @@ from rmqoperator.failover import (
     FailoverDecision,
     MasterMemory,
     PodView,
+    after_fencing,
+    choose_candidate,
     decide_failover,
+    fence_targets,
     follows,
     observe,
     plan_alignment,
@@ -346,10 +349,28 @@ class GroupController:
     async def _promote(self, spec: GroupSpec, decision: FailoverDecision, views: Mapping[str, PodView],
                        now: float) -> bool:
         assert self.state is not None and decision.candidate is not None
-        cand = views[decision.candidate]
         old_master = self.state.master_pod(spec)
         lost_since = self.memory.lost_since if self.memory.lost_since is not None else now
-        assert cand.ip is not None and self.token is not None
+        assert old_master is not None and self.token is not None
+        # Fence every slave first: a master that is only hung could otherwise still get an ack (and
+        # answer SEND_OK) after the choice. Choose again on the final offsets the slaves answer.
+        fenced: dict[str, int] = {}
+        for pod in fence_targets(views, old_master):
+            ip = views[pod].ip
+            assert ip is not None
+            try:
+                answer = await self.admin.fence(ip, spec.ports.admin, self.token, decision.epoch)
+                fenced[pod] = int(answer.get("maxPhyOffset") or 0)
+            except AdminError as exc:
+                log.warning("%s/%s: fencing %s failed: %s", self.namespace, self.name, pod, exc)
+        candidate, why = choose_candidate(spec, self.state, old_master, after_fencing(views, old_master, fenced),
+                                          self.memory)
+        if candidate is None:
+            metrics.FAILOVERS.labels(self.namespace, self.name, "error").inc()
+            await self._event("Warning", "PromotionFailed", f"not promoting after fencing the slaves: {why}")
+            return False
+        cand = views[candidate]
+        assert cand.ip is not None
         try:
             result = await self.admin.set_role(cand.ip, spec.ports.admin, self.token, spec.master_role, 0,
                                                decision.epoch)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rmqbroker.ha import election
@@ -48,6 +48,8 @@ class BrokerView:
     # The broker's disk (retention's last measurement; -1 unknown) and whether it refuses sends.
     disk_used_ratio: float = -1.0
     disk_full: bool = False
+    # Fenced by a failover (POST /ha/fence): it follows no master until re-pointed.
+    fenced: bool = False
 
     @property
     def is_master(self) -> bool:
@@ -63,7 +65,8 @@ class BrokerView:
                           connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")),
                           ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0),
                           disk_used_ratio=float(retention.get("diskUsedRatio", -1.0)),
-                          disk_full=retention.get("diskFull") is True)
+                          disk_full=retention.get("diskFull") is True,
+                          fenced=bool(ha.get("fencedBelowEpoch")))
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ def follow_addresses(spec: GroupSpec, master: PodView) -> set[str]:
 
 def follows(spec: GroupSpec, slave: PodView, master: PodView) -> bool:
     b = slave.broker
-    return b is not None and b.role == "SLAVE" and b.ha_master in follow_addresses(spec, master)
+    return b is not None and b.role == "SLAVE" and not b.fenced and b.ha_master in follow_addresses(spec, master)
 
 
 def lag_bytes(slave: PodView, master: PodView | None) -> int | None:
@@ -194,6 +197,24 @@ def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: 
             if p.broker is not None and p.broker.role == "SLAVE" and not p.deleting]
     record = election.MasterRecord(memory.seen_healthy, memory.connected, memory.in_sync, memory.master_offset)
     return election.choose(live, [p.name for p in slaves], state.epoch, spec.failover.strict(spec.replication), record)
+
+
+def after_fencing(views: Mapping[str, PodView], master_pod: str, fenced: Mapping[str, int]) -> dict[str, PodView]:
+    """The views a promotion chooses on once the slaves were fenced (POST /ha/fence): a fenced
+    slave at the final offset it answered, a slave that could not be fenced as unreachable (it may
+    still acknowledge the old master, so under SYNC its presence blocks the promotion)."""
+    out = dict(views)
+    for name, v in views.items():
+        b = v.broker
+        if name != master_pod and b is not None and b.role == "SLAVE":
+            out[name] = replace(v, broker=replace(b, max_offset=fenced[name]) if name in fenced else None)
+    return out
+
+
+def fence_targets(views: Mapping[str, PodView], master_pod: str) -> list[str]:
+    """The reachable slaves a promotion fences first."""
+    return sorted(n for n, v in views.items() if n != master_pod and not v.deleting and v.ip is not None
+                  and v.broker is not None and v.broker.role == "SLAVE")
 
 
 def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,

@@ -425,6 +425,7 @@ class FakeBroker:
     epoch: int = 0
     max_offset: int = 1000
     ha_master: str | None = None
+    fence: int = 0  # POST /ha/fence: masters below this epoch are not followed until a re-point
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -442,13 +443,14 @@ class FakeBroker:
     def status(self) -> dict[str, Any]:
         slave = self.role == "SLAVE"
         master = self.peers.get(self.ha_master or "")
-        connected = slave and master is not None and master.role != "SLAVE"
+        connected = slave and master is not None and master.role != "SLAVE" and master.epoch >= self.fence
         if connected:
             assert master is not None
             self.epoch = max(self.epoch, master.epoch)  # a real slave adopts its master's epoch history
         return {"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch, "maxPhyOffset": self.max_offset,
                 "brokerAddr": f"{self.ip}:{self.conf.get('listenPort')}",
-                "ha": {"masterAddress": self.ha_master if slave else None, "connected": connected, "slaves": []}}
+                "ha": {"masterAddress": self.ha_master if slave else None, "connected": connected, "slaves": [],
+                       "fencedBelowEpoch": self.fence if self.fence > self.epoch else 0}}
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
@@ -471,7 +473,16 @@ class FakeBroker:
             return web.json_response({"error": "not a slave"}, status=409)
         self.ha_master = body["haAddress"]
         self.epoch = max(self.epoch, body.get("epoch") or 0)
+        self.fence = 0
         return web.json_response(body)
+
+    async def _fence(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(("fence", body))
+        if self.role != "SLAVE":
+            return web.json_response({"error": "only a slave is fenced"}, status=409)
+        self.fence = max(self.fence, body["epoch"])
+        return web.json_response({"epoch": self.epoch, "fencedBelowEpoch": self.fence, "maxPhyOffset": self.max_offset})
 
     async def start(self, port: int) -> None:
         app = web.Application()
@@ -480,6 +491,7 @@ class FakeBroker:
         app.router.add_get("/healthz", self._ok)
         app.router.add_post("/role", self._role)
         app.router.add_post("/ha/master", self._repoint)
+        app.router.add_post("/ha/fence", self._fence)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, self.ip, port).start()

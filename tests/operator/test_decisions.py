@@ -10,7 +10,10 @@ from rmqoperator.failover import (
     BrokerView,
     MasterMemory,
     PodView,
+    after_fencing,
+    choose_candidate,
     decide_failover,
+    fence_targets,
     observe,
     plan_alignment,
 )
@@ -92,6 +95,28 @@ def test_promotes_the_in_sync_slave_with_the_highest_offset() -> None:
     d, _ = healthy_then_lost(SPEC, before, pods(down(master()), slave(1, 1990, connected=False),
                                                 slave(2, 2000, connected=False)), lost_for=5.0)
     assert (d.action, d.candidate, d.epoch) == ("promote", "g-2", 4)
+
+
+def test_the_choice_after_fencing_uses_the_final_offsets_and_refuses_an_unfenced_slave() -> None:
+    before = pods(master(2000), slave(1, 2000), slave(2, 1990))
+    after = pods(down(master()), slave(1, 2000, connected=False), slave(2, 1990, connected=False))
+    d, mem = healthy_then_lost(SPEC, before, after, lost_for=5.0)
+    assert (d.action, d.candidate) == ("promote", "g-1")
+    assert fence_targets(after, "g-0") == ["g-1", "g-2"]
+    # The hung master got one more ack from g-2 before the fence: g-2 now holds the most.
+    fenced = after_fencing(after, "g-0", {"g-1": 2000, "g-2": 2100})
+    assert choose_candidate(SPEC, STATE, "g-0", fenced, mem) == ("g-2", "highest offset among in-sync slaves")
+    # A slave that could not be fenced may still acknowledge the old master: no SYNC promotion.
+    unfenced = after_fencing(after, "g-0", {"g-1": 2000})
+    assert unfenced["g-2"].broker is None
+    candidate, why = choose_candidate(SPEC, STATE, "g-0", unfenced, mem)
+    assert candidate is None and "g-2" in why
+
+
+def test_a_fenced_slave_is_re_pointed_when_the_master_stays() -> None:
+    fenced = dataclasses.replace(slave(1), broker=dataclasses.replace(slave(1).broker, fenced=True))  # type: ignore[type-var]
+    actions = plan_alignment(SPEC, STATE, pods(master(), fenced, slave(2)), MasterMemory(), 100.0)
+    assert [(a.kind, a.pod) for a in actions] == [("repoint", "g-1")]
 
 
 def test_sync_refuses_when_a_slave_that_followed_the_master_is_unreachable() -> None:
