@@ -362,7 +362,15 @@ class GroupController:
                 answer = await self.admin.fence(ip, spec.ports.admin, self.token, decision.epoch)
                 fenced[pod] = int(answer.get("maxPhyOffset") or 0)
             except AdminError as exc:
-                log.warning("%s/%s: fencing %s failed: %s", self.namespace, self.name, pod, exc)
+                broker = views[pod].broker
+                if exc.status == 404 and broker is not None:
+                    # An older broker image without the fence (an upgrade in progress): chosen on the
+                    # offset its status showed, as before fencing existed.
+                    log.warning("%s/%s: %s cannot be fenced (no POST /ha/fence: an older image)",
+                                self.namespace, self.name, pod)
+                    fenced[pod] = broker.max_offset
+                else:
+                    log.warning("%s/%s: fencing %s failed: %s", self.namespace, self.name, pod, exc)
         candidate, why = choose_candidate(spec, self.state, old_master, after_fencing(views, old_master, fenced),
                                           self.memory)
         if candidate is None:

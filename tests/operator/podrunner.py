@@ -426,6 +426,7 @@ class FakeBroker:
     max_offset: int = 1000
     ha_master: str | None = None
     fence: int = 0  # POST /ha/fence: masters below this epoch are not followed until a re-point
+    fence_route: bool = True
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -491,7 +492,8 @@ class FakeBroker:
         app.router.add_get("/healthz", self._ok)
         app.router.add_post("/role", self._role)
         app.router.add_post("/ha/master", self._repoint)
-        app.router.add_post("/ha/fence", self._fence)
+        if self.fence_route:
+            app.router.add_post("/ha/fence", self._fence)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, self.ip, port).start()
@@ -508,6 +510,7 @@ class FakeBackend:
         self.loop = LoopThread("fake-brokers")
         self.brokers: dict[str, FakeBroker] = {}  # pod -> its current fake
         self.peers: dict[str, FakeBroker] = {}
+        self.fence = True  # False: brokers of an older image, without POST /ha/fence
 
     def start(self, runner: PodRunner, pod: dict[str, Any], ip: str, files: dict[str, Path],
               env: dict[str, str], args: list[str]) -> Any:
@@ -524,7 +527,7 @@ class FakeBackend:
 
         text = conf_path.read_text()
         conf = parse_properties(text if "\nlistenHost=" in text else runner.rewrite(text, files))
-        broker = FakeBroker(conf, ip, peers=self.peers)
+        broker = FakeBroker(conf, ip, peers=self.peers, fence_route=self.fence)
         self.loop.call(broker.start(int(conf["adminListenPort"])))
         self.brokers[name] = broker
         self.peers[broker.ha_address] = broker

@@ -265,6 +265,19 @@ def test_failover_repoint_demotion_and_refused_scale_down(harness: OperatorHarne
     assert sorted(confs(h)) == ["broker-0.conf", "broker-1.conf"]
 
 
+def test_failover_with_brokers_of_an_image_without_fencing(harness: OperatorHarness,
+                                                         fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """An operator upgraded before its brokers still fails over (on the slaves' status offsets)."""
+    h, (runner, fakes) = harness, fake_pods
+    fakes.fence = False
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_ready(h, in_sync=3)
+    runner.kill("broker-a-0")
+    st = wait_for(lambda: status(h).get("master") == "broker-a-1" and status(h), 15, "promotion of broker-a-1")
+    assert st["epoch"] == 1
+    assert fakes.brokers["broker-a-1"].calls[0] == ("role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1})
+
+
 def test_raising_the_storage_size_grows_the_claims_and_never_shrinks_them(
         harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     h = harness
