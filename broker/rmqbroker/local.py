@@ -73,6 +73,10 @@ def _open_groups(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv
         state_path = gdir / STATE_FILE
         try:
             saved = json.loads(state_path.read_text()) if state_path.exists() else None
+        except (OSError, ValueError) as exc:
+            raise ManifestError(f"cannot read {state_path} ({exc}); it holds which broker is master: "
+                                "remove it to start with broker-0 as master") from exc
+        try:
             group.load_assignment(saved if isinstance(saved, dict) else None)
         except ValueError as exc:
             raise ManifestError(f"BrokerGroup {spec.name}: {exc}") from exc

@@ -75,6 +75,19 @@ def test_local_group_refuses_managed_broker_config_keys(tmp_path: Path) -> None:
     assert not data.exists()  # refused before anything was created or started
 
 
+def test_local_group_refuses_an_unreadable_state_file(tmp_path: Path) -> None:
+    manifest = tmp_path / "bg.yaml"
+    manifest.write_text("kind: BrokerGroup\nmetadata: {name: x}\nspec: {}\n")
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "state.json").write_text("{")
+    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
+                          "--data-dir", str(data)], capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert f"cannot read {data.resolve() / 'state.json'}" in out.stderr and "remove it" in out.stderr
+    assert not (data / "broker-0.conf").exists()  # refused before anything was written or started
+
+
 @dataclass
 class Row:
     name: str

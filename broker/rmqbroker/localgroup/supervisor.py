@@ -195,10 +195,13 @@ class LocalGroup:
         """
         ids: dict[int, int] = {}
         if saved and saved.get("group") == self.spec.name:
-            for key, bid in (saved.get("assignment") or {}).items():
-                if str(key).isdigit() and isinstance(bid, int):
-                    ids[int(key)] = bid
-            self.epoch = int(saved.get("epoch") or 0)
+            pairs = [(int(k), b) for k, b in (saved.get("assignment") or {}).items()
+                     if str(k).isdigit() and isinstance(b, int) and not isinstance(b, bool) and b >= 0]
+            for ordinal, bid in sorted(pairs):
+                if bid not in ids.values():  # an id held twice (a damaged file) goes to the first only
+                    ids[ordinal] = bid
+            epoch = saved.get("epoch")
+            self.epoch = epoch if isinstance(epoch, int) and epoch >= 0 else 0
         master = next((o for o, b in ids.items() if b == 0), None)
         if master is not None and master >= self.spec.replicas:
             raise ValueError(f"the master is {self.name_of(master)}: spec.replicas must be at least {master + 1} "

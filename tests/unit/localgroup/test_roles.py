@@ -129,3 +129,9 @@ def test_bad_cluster_manifest_is_refused(tmp_path: Path, text: str, message: str
     path.write_text(text)
     with pytest.raises(ManifestError, match=message):
         load_groups(path)
+
+
+def test_damaged_saved_roles_never_make_two_masters(tmp_path: Path) -> None:
+    g = group(tmp_path)
+    g.load_assignment({"group": "g", "epoch": "x", "assignment": {"0": 0, "1": 0, "2": True, "x": 1}})
+    assert g.assignment == {0: 0, 1: 1, 2: 2} and g.epoch == 0
