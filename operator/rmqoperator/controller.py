@@ -374,8 +374,11 @@ class GroupController:
         candidate, why = choose_candidate(spec, self.state, old_master, after_fencing(views, old_master, fenced),
                                           self.memory)
         if candidate is None:
-            metrics.FAILOVERS.labels(self.namespace, self.name, "error").inc()
-            await self._event("Warning", "PromotionFailed", f"not promoting after fencing the slaves: {why}")
+            key = f"failover:fenced:{why}"  # said once per reason, like the decision's own refusals
+            if key not in self._announced:
+                self._announced.add(key)
+                metrics.FAILOVERS.labels(self.namespace, self.name, "error").inc()
+                await self._event("Warning", "PromotionFailed", f"not promoting after fencing the slaves: {why}")
             return False
         cand = views[candidate]
         assert cand.ip is not None

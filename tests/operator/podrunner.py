@@ -427,6 +427,7 @@ class FakeBroker:
     ha_master: str | None = None
     fence: int = 0  # POST /ha/fence: masters below this epoch are not followed until a re-point
     fence_route: bool = True
+    fence_fails: bool = False  # the fence answers 500 (a broker that cannot drop its master)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -480,6 +481,8 @@ class FakeBroker:
     async def _fence(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls.append(("fence", body))
+        if self.fence_fails:
+            return web.json_response({"error": "fence failed"}, status=500)
         if self.role != "SLAVE":
             return web.json_response({"error": "only a slave is fenced"}, status=409)
         self.fence = max(self.fence, body["epoch"])

@@ -265,6 +265,28 @@ def test_failover_repoint_demotion_and_refused_scale_down(harness: OperatorHarne
     assert sorted(confs(h)) == ["broker-0.conf", "broker-1.conf"]
 
 
+def test_sync_promotion_waits_while_a_slave_cannot_be_fenced(harness: OperatorHarness,
+                                                            fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """Under SYNC a slave that followed the master but cannot be fenced might still acknowledge it:
+    no promotion (one PromotionFailed event, not one per round) until the fence succeeds."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_ready(h, in_sync=3)
+    fakes.brokers["broker-a-2"].fence_fails = True
+    runner.kill("broker-a-0")
+    wait_for(lambda: h.client.events("PromotionFailed"), 15, "a refused promotion")
+    import time
+
+    time.sleep(3.0)  # several more polling rounds
+    assert status(h).get("master") == "broker-a-0" and status(h).get("epoch", 0) == 0
+    refused = h.client.events("PromotionFailed")
+    assert len(refused) == 1 and "broker-a-2" in refused[0]["message"], refused
+    assert not any(c[0] == "role" for c in fakes.brokers["broker-a-1"].calls)
+    fakes.brokers["broker-a-2"].fence_fails = False
+    st = wait_for(lambda: status(h).get("master") in ("broker-a-1", "broker-a-2") and status(h), 15, "promotion")
+    assert st["epoch"] == 1
+
+
 def test_failover_with_brokers_of_an_image_without_fencing(harness: OperatorHarness,
                                                          fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """An operator upgraded before its brokers still fails over (on the slaves' status offsets)."""
