@@ -613,6 +613,11 @@ class HAClient:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _follow(self, addr: str) -> None:
+        if self._legacy_next == addr and self.epochs is not None and self.epochs.fenced:
+            # Without the handshake a master's epoch is unknown: none is followed while fenced.
+            self._legacy_next = None
+            raise StreamMismatchError(f"fenced below epoch {self.epochs.fence}: not following {addr} "
+                                      "without the epoch handshake")
         host, port = split_addr(addr)
         loop = asyncio.get_running_loop()
         connecting = loop.run_in_executor(self.receiver_pool, _connect, host, port)
@@ -630,10 +635,6 @@ class HAClient:
         # that asks again, so a master replaced at the same address gets the handshake.
         legacy = self._legacy_next == addr
         self._legacy_next = None
-        if legacy and self.epochs is not None and self.epochs.fenced:
-            # Without the handshake a master's epoch is unknown: none is followed while fenced.
-            raise StreamMismatchError(f"fenced below epoch {self.epochs.fence}: not following {addr} "
-                                      "without the epoch handshake")
         self.legacy_master = legacy
         changed = asyncio.ensure_future(self._changed.wait())
         running: asyncio.Future[Any] | None = None
