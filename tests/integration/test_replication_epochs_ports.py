@@ -210,5 +210,7 @@ def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: C
     assert code == 200, body
     poll(lambda: s.status()["ha"]["connected"], 10, what="slave following again")
     assert s.status()["ha"]["fencedBelowEpoch"] == 0
+    # The master counts the slave again once its handshake is done and it has acknowledged.
+    poll(lambda: any(x.get("inSync") for x in master.status()["ha"]["slaves"]), 10, what="slave in sync again")
     send_some(master, "FenceTopic", 5, "after-repoint")
     assert_same_log(master, s)
