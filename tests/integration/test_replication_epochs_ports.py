@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 from typing import Any
 
 from tests.conftest import Cluster
 from tests.integration.helpers import poll, send_raw, wait_caught_up
 from tests.integration.test_replication import commitlog_bytes
-from tests.support.procs import BrokerProc, free_port
+from tests.support.procs import BrokerProc, free_port, metric_value
 
 
 def post(broker: BrokerProc, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -214,3 +215,55 @@ def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: C
     poll(lambda: any(x.get("inSync") for x in master.status()["ha"]["slaves"]), 10, what="slave in sync again")
     send_some(master, "FenceTopic", 5, "after-repoint")
     assert_same_log(master, s)
+
+
+# ---------------------------------------------------------------- only masters stream
+def test_a_slave_serves_no_follower_until_it_is_promoted(cluster: Cluster) -> None:
+    """A slave's HA port answers the epoch query with its role and refuses to stream: a broker
+    pointed at a slave (a stale address during a failover) never takes bytes or acks for them
+    from it, and follows it once it is a master."""
+    master = cluster.broker(None, name="broker-h")
+    s = cluster.broker(None, name="broker-h", broker_id=1, role="SLAVE",
+                       haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    send_some(master, "ChainTopic", 20, "before")
+    end = assert_same_log(master, s)
+
+    # A raw peer: the query's answer names the role; a report (where to start) closes the connection.
+    with socket.create_connection(("127.0.0.1", s.port + 1), timeout=5) as peer:
+        peer.sendall(struct.pack(">q", -2))
+        offset, size = struct.unpack(">qi", _read_exact(peer, 12))
+        answer = json.loads(_read_exact(peer, size))
+        assert offset == -2 and answer["role"] == "SLAVE" and answer["maxOffset"] == end, answer
+        peer.sendall(struct.pack(">q", 0))
+        assert _read_exact(peer, 1, allow_eof=True) == b"", "a slave streamed to a follower"
+    poll(lambda: s.status()["ha"]["refusedFollowers"] == 1, 5, what="follower refused on the slave")
+    assert "asked to follow this broker, which is SLAVE" in s.log_text()
+    assert metric_value(s.metrics(), "rmq_ha_refused_followers_total") == 1
+
+    # A broker of this project pointed at the slave refuses it as a master and holds nothing.
+    t = cluster.broker(None, name="broker-h", broker_id=2, role="SLAVE", haMasterAddress=f"127.0.0.1:{s.port + 1}")
+    poll(lambda: t.status()["ha"]["refusedStreams"] >= 1, 10, what="the slave refused as a master")
+    assert t.status()["maxPhyOffset"] == 0
+    assert "is a SLAVE (epoch 0), not a master to follow" in t.log_text()
+    assert s.status()["ha"]["slaves"] == []
+
+    # Promoted, the same broker is followed from where it is; the old master is no longer written to.
+    code, body = post(s, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})
+    assert code == 200, body
+    send_some(s, "ChainTopic", 10, "after")
+    assert assert_same_log(s, t) > end
+    assert t.status()["epoch"] == 1
+
+
+def _read_exact(sock: socket.socket, n: int, *, allow_eof: bool = False) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        try:
+            chunk = sock.recv(n - len(buf))
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            assert allow_eof, f"connection closed after {buf!r}"
+            return buf
+        buf += chunk
+    return buf

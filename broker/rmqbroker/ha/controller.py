@@ -50,7 +50,7 @@ class ReplicationController:
             slave_fallbehind_max=settings.haSlaveFallbehindMax,
             sync_timeout=settings.syncFlushTimeout / 1000,
             push_after_ack=settings.haPushAfterAck,
-        ), epochs)
+        ), epochs, role=lambda: ctx.role)
         self.store.add_arrival_listener(self.ha.notify_data)
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
@@ -216,6 +216,8 @@ class ReplicationController:
                                     ha.rejected_reports),
             "ha_slaves_behind_retention": ("Slaves refused because retention deleted what they need next",
                                            ha.behind_retention),
+            "ha_refused_followers": ("HA peers refused because this broker was a slave when they asked to follow",
+                                     ha.refused_followers),
             "ha_bytes_received": ("Commitlog bytes received from the master and made visible", client.bytes_received),
             "ha_master_connects": ("Connections made to a master, reconnects included", client.connects),
             "ha_refused_streams": ("Master streams refused (not continuing this log, malformed)", client.mismatches),
@@ -268,6 +270,7 @@ class ReplicationController:
                 "replicationLagMs": self.ha.replication_lag_ms(),
                 "rejectedReports": self.ha.rejected_reports,
                 "slavesBehindRetention": self.ha.behind_retention,
+                "refusedFollowers": self.ha.refused_followers,
                 "truncatedBytes": self.ha_client.truncated_bytes,
                 "aheadOfMasterBytes": self.ha_client.ahead_bytes,
                 "connects": self.ha_client.connects,

@@ -24,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -212,8 +213,11 @@ class HAConnection(asyncio.Protocol):
         if tr is None or self.closed:
             return
         if offset == EPOCH_QUERY and self.request_offset < 0:
-            # Streaming has not started, so the answer cannot interleave with a frame.
-            body = json.dumps({**svc.epoch_history(), "maxOffset": store.max_phy_offset()}).encode()
+            # Streaming has not started, so the answer cannot interleave with a frame. The role
+            # tells this project's slaves not to follow a slave (they would ack bytes no master
+            # counts); Java slaves never ask.
+            body = json.dumps({**svc.epoch_history(), "maxOffset": store.max_phy_offset(),
+                               "role": svc.role()}).encode()
             tr.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
             return
         max_offset = store.max_phy_offset()
@@ -235,6 +239,14 @@ class HAConnection(asyncio.Protocol):
             log.error("HA slave %s needs commitlog offset %d but this master's log starts at %d (older "
                       "segments were deleted by retention); it cannot catch up: empty its store to "
                       "replicate from %d", self.address, offset, store.min_phy_offset(), store.min_phy_offset())
+            self.close()
+            return
+        if self.request_offset < 0 and not svc.serving():
+            # Only a master streams: a slave's log is its master's to extend and cut, and a
+            # follower's acks here would count for no master's SYNC sends.
+            svc.refused_followers += 1
+            log.warning("HA peer %s asked to follow this broker, which is %s; refusing it", self.address,
+                        svc.role())
             self.close()
             return
         self.last_ack_time = time.time()
@@ -403,10 +415,15 @@ class HAConnection(asyncio.Protocol):
 class HAService:
     """Master-side HA listener and per-slave connections."""
 
-    def __init__(self, store: MessageStore, config: HAConfig, epochs: EpochStore | None = None) -> None:
+    def __init__(self, store: MessageStore, config: HAConfig, epochs: EpochStore | None = None,
+                 role: Callable[[], str] | None = None) -> None:
         self.store = store
         self.config = config
         self.epochs = epochs
+        # The broker's current role (it changes at runtime); without one this listener is a master's.
+        self.role: Callable[[], str] = role or (lambda: "ASYNC_MASTER")
+        # Peers that asked to follow while this broker was a slave (each connection closed).
+        self.refused_followers = 0
         self.connections: set[HAConnection] = set()
         self._pending_acks: collections.deque[tuple[int, float]] = collections.deque()
         self.lag_samples: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
@@ -479,6 +496,10 @@ class HAService:
         return {"samples": n, "p50": round(samples[n // 2] * 1000, 3),
                 "p99": round(samples[min(n - 1, (n * 99) // 100)] * 1000, 3),
                 "max": round(samples[-1] * 1000, 3)}
+
+    def serving(self) -> bool:
+        """Whether slaves may follow this broker now (it is a master)."""
+        return self.role() != "SLAVE"
 
     def slave_ok(self, master_put_where: int) -> bool:
         return self.group_transfer.slave_ok(master_put_where)

@@ -684,8 +684,12 @@ class HAClient:
             master_epoch = int(obj["epoch"])
             master_history = parse_history(obj["history"])
             master_max = int(obj["maxOffset"])
-        except (ValueError, KeyError, TypeError, EpochError) as exc:
+            # Absent from masters before the field existed: they answered only as masters.
+            peer_role = str(obj.get("role", "MASTER"))
+        except (ValueError, KeyError, TypeError, AttributeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
+        if peer_role == "SLAVE":
+            raise StreamMismatchError(f"{addr} is a SLAVE (epoch {master_epoch}), not a master to follow")
         if master_epoch < epochs.epoch:
             raise StreamMismatchError(
                 f"master {addr} is at epoch {master_epoch}, older than ours ({epochs.epoch})")
