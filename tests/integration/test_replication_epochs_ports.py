@@ -206,6 +206,14 @@ def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: C
     resp = send_raw(master.addr, "FenceTopic", b"after-fence")
     assert resp.code != 0, "a SYNC_MASTER answered SEND_OK with its only slave fenced"
     assert s.status()["maxPhyOffset"] == end
+    # Restarted before any re-point, it is still fenced: its configuration names the old master,
+    # which may only be hung, and it must not go back to acknowledging it.
+    s.stop()
+    s.start()
+    poll(lambda: s.status()["ha"]["refusedStreams"] >= 1, 10, what="the old master refused after the restart")
+    st = s.status()
+    assert st["ha"]["fencedBelowEpoch"] == 1 and st["ha"]["connected"] is False and st["maxPhyOffset"] == end
+    assert send_raw(master.addr, "FenceTopic", b"after-restart").code != 0
     # A re-point (here: the same master, kept after all) lifts the fence.
     code, body = post(s, "/ha/master", {"haAddress": ha_addr, "brokerAddress": master.addr})
     assert code == 200, body

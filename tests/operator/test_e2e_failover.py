@@ -8,6 +8,8 @@ The old master then comes back with its stale (master) config and is demoted by 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -49,8 +51,9 @@ class Sender(threading.Thread):
         while not self.stop.is_set() and i < 100_000:
             key = f"{self.prefix}{i}"
             i += 1
-            addr = self.addr if isinstance(self.addr, str) else self.addr()
             try:
+                # A lookup that fails (the API busy on a loaded machine) is one more failed send.
+                addr = self.addr if isinstance(self.addr, str) else self.addr()
                 if addr is None:
                     raise ConnectionError("no master address")
                 if send(addr, key, timeout=2.0) == ResponseCode.SUCCESS:
@@ -64,6 +67,25 @@ class Sender(threading.Thread):
 
 def group_status(h: OperatorHarness) -> dict[str, Any]:
     return dict((h.client.group(NAME) or {}).get("status") or {})
+
+
+class MasterLookup:
+    """The status's master address for senders, read from the API at most every ``ttl`` seconds
+    (one GET per send from every sender would load the API server more than the brokers)."""
+
+    def __init__(self, h: OperatorHarness, ttl: float = 0.2) -> None:
+        self.h = h
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._addr: str | None = None
+
+    def __call__(self) -> str | None:
+        with self._lock:
+            if time.monotonic() - self._at >= self.ttl:
+                self._addr = group_status(self.h).get("masterAddress")
+                self._at = time.monotonic()
+            return self._addr
 
 
 def converged(h: OperatorHarness, master: str) -> dict[str, Any] | None:
@@ -147,3 +169,43 @@ def test_master_killed_slave_promoted_no_acknowledged_message_lost(
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost: {sorted(missing)[:10]}"
     assert "after-failover" in consumed
 
+
+def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
+        harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
+    """A master that hangs (SIGSTOP) rather than dies, under senders that follow the status's
+    master: after the promotion it resumes and reads the sends still queued for it. Every slave was
+    fenced before the choice, so none of them can acknowledge those: no send answered SEND_OK is
+    missing afterwards, and the old master is demoted and follows."""
+    h, (runner, _) = harness, real_pods
+    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": 2},
+                                 brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
+                                               "mappedFileSizeConsumeQueue": "60000",
+                                               "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
+    wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+    lookup = MasterLookup(h)
+    senders = [Sender(lookup, prefix=f"s{n}-") for n in range(4)]
+    for s in senders:
+        s.start()
+    wait_for(lambda: sum(len(s.acked) for s in senders) >= 200, 30, "200 acknowledged sends")
+    container = runner.container("broker-a-0")
+    assert container is not None
+    pid = container.handle.popen.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: group_status(h).get("master") not in (None, "broker-a-0"), 40, "a slave promoted")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    new_master = group_status(h)["master"]
+    wait_for(lambda: sum(len(s.acked) for s in senders) >= 400, 30, "sends acknowledged by the new master")
+    for s in senders:
+        s.stop.set()
+    for s in senders:
+        s.join(10)
+    st = wait_for(lambda: converged(h, new_master), 40, "old master demoted, 3 in sync")
+    assert {r["pod"]: r["role"] for r in st["replicas"]}["broker-a-0"] == "SLAVE"
+    assert h.client.events("Promoted"), "no promotion event"
+    acked = {k for s in senders for k in s.acked}
+    namesrv = f"{runner.ip_of('broker-a-namesrv-0')}:9876"
+    consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group="CG_HANG")}
+    missing = acked - consumed
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost: {sorted(missing)[:10]}"

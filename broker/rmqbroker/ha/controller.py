@@ -112,7 +112,7 @@ class ReplicationController:
             self.pinned_master = True
             if self.epochs.fence:
                 # The failover that fenced this slave chose whom it follows now.
-                self.epochs.unfence()
+                await asyncio.to_thread(self.epochs.unfence)
                 await self.ha_client.restart()
             self.ha_client.set_master(ha_addr)
             if broker_addr:
@@ -133,7 +133,7 @@ class ReplicationController:
                 self.epochs.check_not_older(epoch)
             except EpochError as exc:
                 raise RoleChangeError(str(exc)) from exc
-            self.epochs.fence_below(epoch)
+            await asyncio.to_thread(self.epochs.fence_below, epoch)
             await self.ha_client.restart()
             log.warning("fenced below epoch %d at offset %d (following no master older than that)", epoch,
                         self.store.max_phy_offset())

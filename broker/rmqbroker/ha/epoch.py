@@ -1,7 +1,8 @@
 """Replication epochs: which master wrote which part of the commitlog.
 
 ``config/epoch.json`` holds the current epoch and the history of epoch starts
-``[{"epoch": e, "startOffset": o}, ...]``. A broker promoted at epoch ``e`` appends
+``[{"epoch": e, "startOffset": o}, ...]``, and a slave's fence (``fencedBelowEpoch``, see
+:meth:`EpochStore.fence_below`). A broker promoted at epoch ``e`` appends
 ``(e, its log end)``; a slave adopts its master's history. When a broker starts following a
 master, the last epoch both histories share tells where their logs can differ: everything this
 broker holds beyond the master's end of that epoch was never on the new master and is truncated.
@@ -114,8 +115,9 @@ class EpochStore:
         self.history: list[EpochEntry] = []
         self.own_epoch: int | None = None
         self.generation = 0
-        # Masters below this epoch are not followed (POST /ha/fence, during a failover). In memory
-        # only: a re-point clears it, and a restarted slave follows what its configuration says.
+        # Masters below this epoch are not followed (POST /ha/fence, during a failover) until a
+        # re-point. Persisted: a fenced slave that restarts before the failover re-points it must
+        # not go back to the old master its configuration still names (it may only be hung).
         self.fence = 0
         text = load_with_backup(self.path)
         if text:
@@ -125,6 +127,7 @@ class EpochStore:
                 self.history = parse_history(obj.get("history", []))
                 own = obj.get("ownEpoch")
                 self.own_epoch = None if own is None else int(own)
+                self.fence = int(obj.get("fencedBelowEpoch", 0))
             except (ValueError, TypeError, AttributeError, EpochError) as exc:
                 raise EpochError(f"{self.path} is unreadable: {exc}") from exc
 
@@ -134,6 +137,8 @@ class EpochStore:
 
     def _persist(self) -> None:
         obj = {**self.to_json_obj(), "ownEpoch": self.own_epoch}
+        if self.fence:
+            obj["fencedBelowEpoch"] = self.fence
         atomic_write(self.path, json.dumps(obj, indent=1))
 
     def _changed(self) -> None:
@@ -142,6 +147,11 @@ class EpochStore:
         # first and then the fields sees either the old count (and its adopt is refused) or the
         # new count with the new fields, never the new count with old fields.
         self.generation += 1
+
+    def _reached(self, epoch: int) -> None:
+        # A fence is kept only while it is above the epoch: reaching it is what it waited for.
+        if self.fence <= epoch:
+            self.fence = 0
 
     def check_not_older(self, epoch: int) -> None:
         if epoch < self.epoch:
@@ -163,6 +173,7 @@ class EpochStore:
             self.history = history
             self.epoch = epoch
             self.own_epoch = epoch
+            self._reached(epoch)
             self._changed()
             self._persist()
         log.info("epoch %d begins at offset %d", epoch, start_offset)
@@ -186,21 +197,26 @@ class EpochStore:
                 return
             self.epoch = epoch
             self.history = list(history)
+            self._reached(epoch)
             self._changed()
             self._persist()
 
     def fence_below(self, epoch: int) -> None:
-        """Follow no master older than ``epoch`` until :meth:`unfence` (a newer one is being promoted)."""
+        """Follow no master older than ``epoch`` until :meth:`unfence` (a newer one is being
+        promoted); blocking, it persists."""
         with self._lock:
             if epoch > self.fence:
                 self.fence = epoch
                 self._changed()
+                self._persist()
 
     def unfence(self) -> None:
+        """Lift the fence (a re-point names the master to follow); blocking, it persists."""
         with self._lock:
             if self.fence:
                 self.fence = 0
                 self._changed()
+                self._persist()
 
     @property
     def fenced(self) -> bool:
@@ -212,5 +228,6 @@ class EpochStore:
             self.check_not_older(epoch)
             if epoch != self.epoch:
                 self.epoch = epoch
+                self._reached(epoch)
                 self._changed()
                 self._persist()

@@ -120,3 +120,30 @@ def test_promotion_of_a_slave_that_never_got_its_masters_last_term(tmp_path: Pat
     assert EpochStore(tmp_path).history == store.history  # still a valid, readable history
     # A broker that followed epoch 2 to 7000 keeps epoch 1's bytes and cuts the rest.
     assert divergence_offset([E(1, 0), E(2, 5000)], store.history, 3500) == 3000
+
+
+def test_a_fence_survives_a_restart_until_lifted_or_reached(tmp_path: Path) -> None:
+    store = EpochStore(tmp_path)
+    store.adopt(1, [E(1, 0)])
+    store.fence_below(3)
+    assert store.fenced
+    # A restart before the failover re-points the slave: still fenced (its configured master may
+    # be the hung old one).
+    again = EpochStore(tmp_path)
+    assert (again.epoch, again.fence, again.fenced) == (1, 3, True)
+    again.unfence()
+    assert not EpochStore(tmp_path).fenced
+    # Reaching the fenced epoch (following the new master, or a demotion at it) lifts the fence.
+    again.fence_below(2)
+    again.adopt(2, [E(1, 0), E(2, 500)])
+    reloaded = EpochStore(tmp_path)
+    assert (reloaded.epoch, reloaded.fence, reloaded.fenced) == (2, 0, False)
+    reloaded.fence_below(4)
+    reloaded.set_epoch(3)
+    assert EpochStore(tmp_path).fenced, "a demotion below the fence keeps it"
+    reloaded.set_epoch(4)
+    assert EpochStore(tmp_path).fence == 0
+    # A lower fence than one in place changes nothing.
+    reloaded.fence_below(6)
+    reloaded.fence_below(5)
+    assert EpochStore(tmp_path).fence == 6
