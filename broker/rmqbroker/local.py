@@ -108,6 +108,13 @@ def _banner(groups: list[LocalGroup], token_file: Path) -> None:
               f"(Authorization: Bearer $(cat {token_file}))")
         print("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
                                    if fo.enabled else "off (spec.failover.enabled: false)"))
+        if spec.tls is not None:
+            t = spec.tls
+            print(f"  TLS:         {t.mode} on the remoting ports, client certificates {t.client_auth} "
+                  f"(Secret {t.secret_name}; files in {group.data_dir / 'secrets'})")
+        if spec.acl is not None:
+            print(f"  ACL:         on (Secret {spec.acl.secret_name}): clients sign with an account of "
+                  "its plain_acl.yml")
     namesrv = groups[0].namesrv
     print(f"nameserver:    {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
     print("Ctrl-C stops every process; a process that exits is started again.\n", flush=True)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rmqbroker.config import env_name
+from rmqbroker.remoting import tls
 from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec, SchedulingSpec
 
 if TYPE_CHECKING:
@@ -217,21 +218,8 @@ def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ord
 def render_tls_properties(spec: GroupSpec) -> str:
     """tls.properties for brokers and nameservers: the Secret's certificate as server and client,
     its CA trusted both ways (host names are not checked, as in RocketMQ)."""
-    verify_clients = spec.tls_client_auth != "none"
-    props = {
-        "tls.test.mode.enable": "false",
-        "tls.server.certPath": f"{TLS_DIR}/tls.crt",
-        "tls.server.keyPath": f"{TLS_DIR}/tls.key",
-        "tls.server.need.client.auth": spec.tls_client_auth,
-        "tls.server.authClient": str(verify_clients).lower(),
-        "tls.server.trustCertPath": f"{TLS_DIR}/ca.crt",
-        "tls.client.certPath": f"{TLS_DIR}/tls.crt",
-        "tls.client.keyPath": f"{TLS_DIR}/tls.key",
-        "tls.client.authServer": "true",
-        "tls.client.trustCertPath": f"{TLS_DIR}/ca.crt",
-    }
     header = f"# {spec.name}: rendered by rmq-operator from spec.tls, do not edit.\n"
-    return header + "".join(f"{k}={v}\n" for k, v in props.items())
+    return tls.render_properties(TLS_DIR, spec.tls_client_auth, header)
 
 
 def _tls_volume(spec: GroupSpec) -> Obj:

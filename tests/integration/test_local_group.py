@@ -426,3 +426,69 @@ def test_local_cluster_of_two_groups_shares_one_nameserver(tmp_path: Path) -> No
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_local_group_with_tls_and_acl_from_secrets_in_the_manifest(tmp_path: Path) -> None:
+    """spec.tls (enforcing) and spec.acl run locally from Secrets in the same file: the nameserver
+    and brokers serve only TLS, with the manifest's certificate; requests must be signed; the slave
+    replicates and its metadata sync (TLS, signed with the Secret's account) succeeds."""
+    import base64
+
+    import yaml
+
+    from rmqbroker.acl import sign
+    from rmqbroker.remoting.client import RemotingConnectError
+    from tests.integration.test_tls import client_ctx, peer_certificate, send_ext, tls_rpc
+    from tests.support.certs import TestCA
+
+    ca = TestCA(tmp_path / "ca", name="local test CA")
+    leaf = ca.issue("localhost")
+    acl = yaml.safe_dump({"accounts": [
+        {"accessKey": "local-admin", "secretKey": "local-admin-secret", "admin": True},
+        {"accessKey": "app-user", "secretKey": "app-secret", "defaultTopicPerm": "PUB"}]})
+    docs = [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "local-tls"},
+         "data": {"tls.crt": base64.b64encode(leaf.cert.read_bytes()).decode(),
+                  "tls.key": base64.b64encode(leaf.key.read_bytes()).decode(),
+                  "ca.crt": base64.b64encode(ca.cert.read_bytes()).decode()}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "local-acl"},
+         "stringData": {"plain_acl.yml": acl, "accessKey": "local-admin", "secretKey": "local-admin-secret"}},
+        {"apiVersion": "rmq.brokergroup.dev/v1alpha1", "kind": "BrokerGroup", "metadata": {"name": "local-sec"},
+         "spec": {"replicas": 2, "replication": "SYNC", "masterDiscovery": "Direct",
+                  "tls": {"secretName": "local-tls", "mode": "enforcing"}, "acl": {"secretName": "local-acl"},
+                  "brokerConfig": {"slaveSyncInitialDelay": "300", "slaveSyncInterval": "500"}}},
+    ]
+    with running_group(tmp_path, yaml.safe_dump_all(docs)) as g:
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[1].ha == "connected" and rows[0].ha == "1/1 in sync" else None
+
+        poll(linked, 30, 0.2, what="slave connected to the master")
+        trusted = client_ctx(ca.cert)
+        namesrv = f"127.0.0.1:{g.base + 29}"
+        for addr in (namesrv, g.addr(0), g.addr(1)):
+            assert peer_certificate(addr, trusted)["issuer"] == "CN=local test CA"
+        # Enforcing: a plain connection gets no answer.
+        try:
+            plain = send_raw(g.addr(0), "LocalSecTopic", b"plain")
+        except (OSError, RemotingConnectError):
+            plain = None
+        assert plain is None or plain.code != ResponseCode.SUCCESS
+        # The ACL: unsigned refused, signed by the Secret's plain_acl.yml account accepted (a SYNC send:
+        # the slave acknowledged it over the HA port).
+        ext = send_ext("LocalSecTopic")
+        resp = tls_rpc(g.addr(0), RequestCode.SEND_MESSAGE, trusted, dict(ext), b"unsigned")
+        assert resp.code != ResponseCode.SUCCESS and "accessKey" in (resp.remark or ""), resp
+        signed = dict(ext)
+        sign(signed, b"signed", "app-user", "app-secret")
+        resp = tls_rpc(g.addr(0), RequestCode.SEND_MESSAGE, trusted, signed, b"signed")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        # The slave's metadata sync reaches the master over TLS and signs with the Secret's account.
+        poll(lambda: g.admin_status(1)["metadataSync"]["rounds"] >= 2, 15, what="slave metadata synced")
+        topics = json.loads((g.data_dir / "broker-1" / "store" / "config" / "topics.json").read_text())
+        assert "LocalSecTopic" in topics["topicConfigTable"]
+        sync = g.admin_status(1)["metadataSync"]
+        assert sync["failures"] == 0 and sync["lastError"] is None, sync
+        for path in [*(g.data_dir / "secrets").rglob("*"), *g.data_dir.glob("broker-*.conf")]:
+            if path.is_file():
+                assert path.stat().st_mode & 0o077 == 0, f"{path} readable by others"

@@ -1,7 +1,15 @@
-"""The parts of a BrokerGroup manifest a local group uses, and the broker.conf each broker gets."""
+"""The parts of a BrokerGroup manifest a local group uses, and the broker.conf each broker gets.
+
+``spec.tls`` and ``spec.acl`` name Secrets; locally they are read from the same manifest file
+(``kind: Secret`` documents, ``data`` in base64 and/or ``stringData``), since there is no API
+server to hold them, and their files are written under the group's data folder.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,10 +19,41 @@ import yaml
 
 from rmqbroker.ha.election import FailoverSpec
 from rmqbroker.managed_keys import managed_keys_in
+from rmqbroker.remoting import tls as tls_conf
+
+# Where a group's Secret files and rendered tls.properties go, under its data folder.
+SECRETS_DIR = "secrets"
+TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+ACL_FILE_KEY = "plain_acl.yml"
+TLS_PROPERTIES = "tls.properties"
 
 
 class ManifestError(ValueError):
     """The manifest is not a usable BrokerGroup."""
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    """spec.tls with its Secret's files (tls.crt, tls.key, ca.crt)."""
+
+    secret_name: str
+    mode: str
+    client_auth: str
+    files: tuple[tuple[str, bytes], ...]
+
+    @property
+    def shape(self) -> tuple[str, str, str]:
+        return (self.secret_name, self.mode, self.client_auth)
+
+
+@dataclass(frozen=True)
+class AclSpec:
+    """spec.acl with its Secret: plain_acl.yml and the account slaves sign metadata sync with."""
+
+    secret_name: str
+    acl_file: bytes
+    access_key: str
+    secret_key: str
 
 
 @dataclass(frozen=True)
@@ -30,6 +69,8 @@ class GroupSpec:
     master_discovery: str
     broker_config: dict[str, str]
     failover: FailoverSpec = field(default_factory=FailoverSpec)
+    tls: TlsSpec | None = None
+    acl: AclSpec | None = None
 
     @property
     def master_role(self) -> str:
@@ -58,31 +99,68 @@ def _failover(obj: Any) -> FailoverSpec:
 MAX_GROUPS = 4
 
 
-def _documents(path: Path) -> list[dict[str, Any]]:
+Secrets = Mapping[tuple[str, str], dict[str, bytes]]
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
     except (OSError, yaml.YAMLError) as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from exc
-    return [d for d in docs if isinstance(d, dict) and d.get("kind") == "BrokerGroup"]
+    return [d for d in docs if isinstance(d, dict)]
+
+
+def _namespace(doc: Mapping[str, Any]) -> str:
+    meta = doc.get("metadata")
+    return str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
+
+
+def _secrets(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, bytes]]:
+    """The manifest's Secrets by (namespace, name): ``data`` decoded, ``stringData`` over it (as
+    the API server merges them)."""
+    out: dict[tuple[str, str], dict[str, bytes]] = {}
+    for doc in docs:
+        if doc.get("kind") != "Secret":
+            continue
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not name:
+            raise ManifestError("a Secret in the manifest has no metadata.name")
+        values: dict[str, bytes] = {}
+        data, string_data = doc.get("data") or {}, doc.get("stringData") or {}
+        if not isinstance(data, dict) or not isinstance(string_data, dict):
+            raise ManifestError(f"Secret {name}: data and stringData must be maps")
+        for key, value in data.items():
+            try:
+                values[str(key)] = base64.b64decode(str(value), validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ManifestError(f"Secret {name}: data.{key} is not base64 ({exc})") from exc
+        for key, value in string_data.items():
+            values[str(key)] = str(value).encode()
+        out[(_namespace(doc), str(name))] = values
+    return out
 
 
 def load_manifest(path: Path) -> GroupSpec:
     """The one BrokerGroup of ``path``."""
-    groups = _documents(path)
+    docs = _read(path)
+    groups = [d for d in docs if d.get("kind") == "BrokerGroup"]
     if len(groups) != 1:
         raise ManifestError(f"{path} must contain exactly one BrokerGroup, found {len(groups)}")
-    return parse_group(groups[0])
+    return parse_group(groups[0], _secrets(docs))
 
 
 def load_groups(path: Path) -> list[GroupSpec]:
     """Every BrokerGroup of ``path`` (one cluster: they share one nameserver locally)."""
-    docs = _documents(path)
+    all_docs = _read(path)
+    docs = [d for d in all_docs if d.get("kind") == "BrokerGroup"]
     if not 1 <= len(docs) <= MAX_GROUPS:
         raise ManifestError(f"{path} must contain 1 to {MAX_GROUPS} BrokerGroups, found {len(docs)}")
+    secrets = _secrets(all_docs)
     specs = []
     for i, doc in enumerate(docs):
         try:
-            specs.append(parse_group(doc))
+            specs.append(parse_group(doc, secrets))
         except ManifestError as exc:
             if len(docs) == 1:
                 raise
@@ -93,10 +171,56 @@ def load_groups(path: Path) -> list[GroupSpec]:
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise ManifestError(f"two BrokerGroups have the same {what}: {', '.join(twice)}")
+    if len({s.tls.shape if s.tls else None for s in specs}) > 1:
+        # Locally the groups share one nameserver, and it has one TLS setting.
+        raise ManifestError("the BrokerGroups share rmq-local's nameserver: give them all the same spec.tls, or none")
     return specs
 
 
-def parse_group(doc: dict[str, Any]) -> GroupSpec:
+def _secret(secrets: Secrets, namespace: str, obj: Mapping[str, Any], field_name: str,
+            keys: tuple[str, ...]) -> tuple[str, dict[str, bytes]]:
+    name = obj.get("secretName")
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"spec.{field_name}.secretName must name a Secret")
+    values = secrets.get((namespace, name))
+    if values is None:
+        raise ManifestError(f"spec.{field_name}.secretName: Secret {name} is not in the manifest (rmq-local reads "
+                            "the Secrets a BrokerGroup names from the same file: kind Secret, data or stringData)")
+    missing = [k for k in keys if not values.get(k)]
+    if missing:
+        raise ManifestError(f"spec.{field_name}: Secret {name} has no {', '.join(missing)}")
+    return name, values
+
+
+def _tls(obj: Any, secrets: Secrets, namespace: str) -> TlsSpec | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ManifestError("spec.tls must be an object")
+    mode = obj.get("mode", "enforcing")
+    client_auth = obj.get("clientAuth", "none")
+    if mode not in ("permissive", "enforcing"):
+        raise ManifestError("spec.tls.mode must be permissive or enforcing")
+    if client_auth not in tls_conf.CLIENT_AUTH_MODES:
+        raise ManifestError("spec.tls.clientAuth must be none, optional or require")
+    name, values = _secret(secrets, namespace, obj, "tls", TLS_KEYS)
+    return TlsSpec(name, mode, client_auth, tuple((k, values[k]) for k in TLS_KEYS))
+
+
+def _acl(obj: Any, secrets: Secrets, namespace: str) -> AclSpec | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ManifestError("spec.acl must be an object")
+    name, values = _secret(secrets, namespace, obj, "acl", (ACL_FILE_KEY,))
+    try:
+        access, secret = (values.get(k, b"").decode() for k in ("accessKey", "secretKey"))
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"spec.acl: Secret {name}: accessKey and secretKey must be text") from exc
+    return AclSpec(name, values[ACL_FILE_KEY], access, secret)
+
+
+def parse_group(doc: dict[str, Any], secrets: Secrets | None = None) -> GroupSpec:
     meta = doc.get("metadata") or {}
     spec = doc.get("spec") or {}
     if not isinstance(meta, dict) or not isinstance(spec, dict) or not meta.get("name"):
@@ -131,6 +255,8 @@ def parse_group(doc: dict[str, Any]) -> GroupSpec:
         master_discovery=discovery,
         broker_config={str(k): v for k, v in extra.items()},
         failover=_failover(spec.get("failover")),
+        tls=_tls(spec.get("tls"), secrets or {}, _namespace(doc)),
+        acl=_acl(spec.get("acl"), secrets or {}, _namespace(doc)),
     )
 
 
@@ -161,4 +287,33 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha
+    secrets = data_dir / SECRETS_DIR
+    if spec.acl is not None:
+        conf |= {"aclEnable": "true", "aclFile": str(secrets / "acl" / ACL_FILE_KEY),
+                 "aclAccessKey": spec.acl.access_key, "aclSecretKey": spec.acl.secret_key}
+    if spec.tls is not None:
+        conf |= {"tlsEnable": "true", "tlsServerMode": spec.tls.mode,
+                 "tlsConfigFile": str(secrets / TLS_PROPERTIES)}
     return "".join(f"{k}={v}\n" for k, v in conf.items())
+
+
+def write_secrets(spec: GroupSpec, data_dir: Path) -> Path | None:
+    """The Secrets' files of ``spec`` under ``data_dir/secrets`` (owner-only), and tls.properties;
+    the tls.properties path, if TLS is on."""
+    secrets = data_dir / SECRETS_DIR
+    files: dict[Path, bytes] = {}
+    if spec.acl is not None:
+        files[secrets / "acl" / ACL_FILE_KEY] = spec.acl.acl_file
+    props = None
+    if spec.tls is not None:
+        files |= {secrets / "tls" / name: content for name, content in spec.tls.files}
+        props = secrets / TLS_PROPERTIES
+        header = f"# {spec.name}: rendered by rmq-local from spec.tls (Secret {spec.tls.secret_name}).\n"
+        files[props] = tls_conf.render_properties(str(secrets / "tls"), spec.tls.client_auth, header).encode()
+    for path, content in files.items():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a file left by an older run keeps its mode otherwise
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+    return props

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqbroker.ha import election
-from rmqbroker.localgroup.manifest import GroupSpec, render_conf
+from rmqbroker.localgroup.manifest import GroupSpec, render_conf, write_secrets
 
 STATE_FILE = "state.json"
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
@@ -216,18 +216,29 @@ class LocalGroup:
         self.assignment = dict(sorted(out.items()))
 
     def write_confs(self) -> None:
+        write_secrets(self.spec, self.data_dir)
         for ordinal, broker_id in self.assignment.items():
             conf = render_conf(self.spec, ordinal, broker_id, self.data_dir, self.ports(ordinal), self.namesrv,
                                self.ha_address(self.master), self.token_file)
-            (self.data_dir / f"{self.name_of(ordinal)}.conf").write_text(conf)
+            path = self.data_dir / f"{self.name_of(ordinal)}.conf"
+            # Owner-only: with spec.acl it holds the account slaves sign their metadata sync with.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(conf)
 
     # -- processes --------------------------------------------------------------------------
 
     def add_processes(self, with_namesrv: bool = True) -> None:
         """The group's brokers and, for the first group of a manifest, the nameserver they all share."""
         if with_namesrv:
-            self.procs["namesrv"] = Proc("namesrv", [sys.executable, "-m", "rmqbroker.namesrv.main", "--listen",
-                                                     self.namesrv], self.data_dir / "namesrv.log")
+            # Its KV config (mqadmin updateKvConfig) stays with the group's data, not in $HOME.
+            args = [sys.executable, "-m", "rmqbroker.namesrv.main", "--listen", self.namesrv,
+                    "--kv-config-path", str(self.data_dir / "namesrv" / "kvConfig.json")]
+            if self.spec.tls is not None:
+                args += ["--tls-server-mode", self.spec.tls.mode, "--tls-config-file",
+                         str(write_secrets(self.spec, self.data_dir))]
+            self.procs["namesrv"] = Proc("namesrv", args, self.data_dir / "namesrv.log")
         for ordinal in self.assignment:
             name = self.name_of(ordinal)
             self.procs[name] = Proc(name, [sys.executable, "-m", "rmqbroker.main", "-c",

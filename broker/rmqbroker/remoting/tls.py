@@ -124,6 +124,27 @@ def load_settings(server_mode: str = "permissive", client_enable: bool = False,
     return settings
 
 
+def render_properties(directory: str, client_auth: str, header: str = "") -> str:
+    """tls.properties for a server that is also a client (a broker, a nameserver): the
+    certificate ``directory/tls.crt`` with ``tls.key`` serves and identifies it, ``ca.crt`` is
+    trusted both ways (cert-manager's file names); host names are not checked, as in RocketMQ."""
+    if client_auth not in CLIENT_AUTH_MODES:
+        raise TlsConfigError(f"client auth must be one of {', '.join(CLIENT_AUTH_MODES)}, got {client_auth!r}")
+    props = {
+        "tls.test.mode.enable": "false",
+        "tls.server.certPath": f"{directory}/tls.crt",
+        "tls.server.keyPath": f"{directory}/tls.key",
+        "tls.server.need.client.auth": client_auth,
+        "tls.server.authClient": str(client_auth != "none").lower(),
+        "tls.server.trustCertPath": f"{directory}/ca.crt",
+        "tls.client.certPath": f"{directory}/tls.crt",
+        "tls.client.keyPath": f"{directory}/tls.key",
+        "tls.client.authServer": "true",
+        "tls.client.trustCertPath": f"{directory}/ca.crt",
+    }
+    return header + "".join(f"{k}={v}\n" for k, v in props.items())
+
+
 def validate(s: TlsSettings) -> None:
     """Reject settings no connection could use, naming the key; certificate files are loaded to
     prove they are readable and match, so a mistake stops the start, not the first client."""
