@@ -114,7 +114,7 @@ def _banner(groups: list[LocalGroup], token_file: Path) -> None:
                   f"(Secret {t.secret_name}; files in {group.data_dir / 'secrets'})")
         if spec.acl is not None:
             print(f"  ACL:         on (Secret {spec.acl.secret_name}): clients sign with an account of "
-                  "its plain_acl.yml")
+                  "its plain_acl.yml (producer.set_session_credentials(accessKey, secretKey, 'LOCAL'))")
     namesrv = groups[0].namesrv
     print(f"nameserver:    {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
     print("Ctrl-C stops every process; a process that exits is started again.\n", flush=True)
