@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tests.support.procs import BrokerProc  # noqa: E402
+from tests.support.procs import BrokerProc, Namesrv  # noqa: E402
 
 from rmqbroker.remoting.client import RemotingClient  # noqa: E402
 from rmqbroker.remoting.codes import RequestCode  # noqa: E402
@@ -381,8 +381,23 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
     in reverse in odd ones; each one's median is also given as a ratio to the first's.
     ``slave_kind="ideal"`` replaces the slave broker by ``ideal_slave.c`` (acks every frame at once,
     stores nothing): a bound on what any slave could do for the SYNC/ASYNC ratio on this host.
+    ``client="cpp"``: ``producers`` stock C++ clients (rocketmq==0.4.4, each its own instance and
+    connection, a thread calling ``send_sync`` in a loop) in one process, routed by a nameserver:
+    what an application sees; the client's CPU shares the host's two vCPUs with the brokers.
     """
     variants = variants or DEFAULT_VARIANTS
+    namesrv = Namesrv(work).start() if client == "cpp" else None
+    try:
+        return _syncasync_rounds(work, seconds, producers, rounds, client, test_segments, pin, variants,
+                                 slave_kind, namesrv)
+    finally:
+        if namesrv is not None:
+            namesrv.stop()
+
+
+def _syncasync_rounds(work: Path, seconds: float, producers: int, rounds: int, client: str, test_segments: bool,
+                      pin: bool, variants: list[Variant], slave_kind: str, namesrv: Namesrv | None) -> dict[str, Any]:
+    ns_addr = namesrv.addr if namesrv is not None else None
     ideal = build_ideal_slave(work) if slave_kind == "ideal" else None
     sizes: dict[str, Any] = {} if test_segments else {"mappedFileSizeCommitLog": SEG,
                                                       "mappedFileSizeConsumeQueue": 6000000}
@@ -397,13 +412,13 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
         for k, (label, role, conf) in order if r % 2 == 0 else order[::-1]:
             os.sync()
             name = f"bench-{role.lower().replace('_', '-')}-{r}-{k}"
-            master = BrokerProc(work, None, name=name, role=role, **{**sizes, **conf})
+            master = BrokerProc(work, ns_addr, name=name, role=role, **{**sizes, **conf})
             master.start()
             slave: BrokerProc | IdealSlave
             if ideal is not None:
                 slave = IdealSlave(ideal, master.port + 1)
             else:
-                slave = BrokerProc(work, None, name=name, broker_id=1, role="SLAVE",
+                slave = BrokerProc(work, ns_addr, name=name, broker_id=1, role="SLAVE",
                                    haMasterAddress=f"127.0.0.1:{master.port + 1}", **{**sizes, **conf})
                 slave.start()
             try:
@@ -416,6 +431,14 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
                 if client == "lean":
                     count, p50, cpu = _closed_loop_lean(master.addr, producers, seconds, pids=pids,
                                                         gen_cpu=1 if pin else None)
+                elif client == "cpp":
+                    assert ns_addr is not None
+                    from send_bench import create_topic
+
+                    topic = f"SyncAsync{r}x{k}"
+                    create_topic(master.addr, ns_addr, topic, 4)
+                    count, p50, cpu = _closed_loop_lean(master.addr, producers, seconds, pids=pids,
+                                                        gen_cpu=1 if pin else None, cpp=(ns_addr, topic, work))
                 else:
                     cpu = (float("nan"), float("nan"))
                     count, p50 = asyncio.run(_closed_loop(master.addr, producers, seconds)), float("nan")
@@ -448,17 +471,24 @@ def bench_syncasync(work: Path, seconds: float, producers: int, rounds: int = 3,
 
 
 def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float = 1.0,
-                      pids: tuple[int, ...] = (), gen_cpu: int | None = None) -> tuple[int, float, tuple[float, ...]]:
+                      pids: tuple[int, ...] = (), gen_cpu: int | None = None,
+                      cpp: tuple[str, str, Path] | None = None) -> tuple[int, float, tuple[float, ...]]:
     """Acks inside the window, their median latency (ms) and the CPU seconds each of ``pids``
     used in the window, from send_bench's lean generator in a separate process: ``producers``
-    connections with one request in flight each."""
-    from send_bench import WorkerConfig, lean_worker, make_body, proc_cpu_seconds
+    connections with one request in flight each. With ``cpp`` (nameserver, topic, work dir):
+    send_bench's stock C++ client worker instead, ``producers`` producers each sending in a loop."""
+    from send_bench import WorkerConfig, cpp_worker, lean_worker, make_body, proc_cpu_seconds
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    cfg = WorkerConfig(index=0, client="lean", broker_addr=addr, namesrv_addr="", topic="SyncAsync", queues=4,
-                       producers=producers, window=1, burst=1, body=make_body(1024), home="", cpu=gen_cpu)
-    proc = ctx.Process(target=lean_worker, args=(child, cfg))
+    namesrv, topic, work = cpp or ("", "SyncAsync", Path())
+    home = work / "cpp-home"
+    if cpp:
+        home.mkdir(exist_ok=True)
+    cfg = WorkerConfig(index=0, client="cpp" if cpp else "lean", broker_addr=addr, namesrv_addr=namesrv, topic=topic,
+                       queues=4, producers=producers, window=1, burst=1, body=make_body(1024),
+                       home=str(home) if cpp else "", cpu=gen_cpu)
+    proc = ctx.Process(target=cpp_worker if cpp else lean_worker, args=(child, cfg))
     proc.start()
     try:
         kind, _pid = parent.recv()
@@ -523,7 +553,7 @@ def main() -> None:
                              "SYNC_MASTER, e.g. off:ASYNC_MASTER:haPushAfterAck=false")
     parser.add_argument("--slave", default="broker", choices=("broker", "ideal"),
                         help="syncasync: a slave broker, or ideal_slave.c (acks at once, stores nothing)")
-    parser.add_argument("--client", default="lean", choices=("lean", "remoting"),
+    parser.add_argument("--client", default="lean", choices=("lean", "remoting", "cpp"),
                         help="syncasync load generator (see bench_syncasync)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ha-bench-"))
