@@ -61,6 +61,18 @@ def _wait_ready(admin_port: int, timeout: float, proc: Proc) -> bool:
     return False
 
 
+def _last_words(proc: Proc, lines: int = 3) -> str:
+    """The end of what a process logged since it was started (its reason to exit, as a bad
+    setting's exit 2 gives it), indented."""
+    try:
+        with open(proc.log_path, "rb") as f:
+            f.seek(proc.log_offset)
+            tail = f.read().decode(errors="replace").rstrip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n  {line}" for line in tail)
+
+
 def _open_groups(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv: str,
                  token_file: Path) -> list[LocalGroup]:
     """One LocalGroup per spec with the roles of its previous run. One group keeps its data in
@@ -147,7 +159,8 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
                     continue
                 ordinal = int(name.rsplit("-", 1)[1])
                 if not _wait_ready(group.ports(ordinal)["admin"], START_TIMEOUT, proc):
-                    print(f"rmq-local: {group.spec.name} {name} failed to start; see {proc.log_path}", file=sys.stderr)
+                    print(f"rmq-local: {group.spec.name} {name} failed to start; see {proc.log_path}"
+                          + _last_words(proc), file=sys.stderr)
                     return 1
         _save(groups, data_dir)
         _banner(groups, token_file)

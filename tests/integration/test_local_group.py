@@ -492,3 +492,20 @@ def test_local_group_with_tls_and_acl_from_secrets_in_the_manifest(tmp_path: Pat
         for path in [*(g.data_dir / "secrets").rglob("*"), *g.data_dir.glob("broker-*.conf")]:
             if path.is_file():
                 assert path.stat().st_mode & 0o077 == 0, f"{path} readable by others"
+
+
+def test_local_group_says_why_a_broker_did_not_start(tmp_path: Path) -> None:
+    """A broker that exits at its first start (here: the ACL Secret's plain_acl.yml is refused)
+    stops `rmq-local up` with the broker's own reason, not only a log path."""
+    manifest = tmp_path / "bg.yaml"
+    manifest.write_text(
+        "kind: Secret\nmetadata: {name: weak-acl}\n"
+        "stringData: {plain_acl.yml: \"accounts:\\n  - {accessKey: ab, secretKey: cd}\\n\"}\n---\n"
+        "kind: BrokerGroup\nmetadata: {name: local-w}\nspec: {replicas: 1, acl: {secretName: weak-acl}}\n")
+    base = free_port_block(32) + 2
+    out = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--once",
+                          "--data-dir", str(tmp_path / "d"), "--base-port", str(base),
+                          "--namesrv-port", str(base + 29)], capture_output=True, text=True, timeout=90, check=False)
+    assert out.returncode == 1, out.stderr + out.stdout
+    assert "broker-0 failed to start" in out.stderr
+    assert "accessKey and secretKey need at least 6 characters" in out.stderr

@@ -91,6 +91,7 @@ class Proc:
     backoff: float = BACKOFF_FIRST
     restart_at: float | None = None
     last_exit: int | None = None
+    log_offset: int = 0  # where this start's output begins in the (appended) log
 
     @property
     def running(self) -> bool:
@@ -98,6 +99,7 @@ class Proc:
 
     def start(self, now: float) -> None:
         with open(self.log_path, "ab") as log_file:
+            self.log_offset = log_file.tell()
             # The child keeps its own copy of the descriptor; its own session keeps Ctrl-C of
             # the terminal away from it, so the group stops in order.
             self.popen = subprocess.Popen(self.args, stdout=log_file, stderr=subprocess.STDOUT,
