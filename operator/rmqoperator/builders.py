@@ -222,6 +222,16 @@ def render_tls_properties(spec: GroupSpec) -> str:
     return tls.render_properties(TLS_DIR, spec.tls_client_auth, header)
 
 
+def secret_refs(spec: GroupSpec) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The Secrets the pods mount: (spec field, Secret name, keys the pods cannot start without)."""
+    refs: list[tuple[str, str, tuple[str, ...]]] = []
+    if spec.tls_secret:
+        refs.append(("spec.tls.secretName", spec.tls_secret, TLS_KEYS))
+    if spec.acl_secret:
+        refs.append(("spec.acl.secretName", spec.acl_secret, (ACL_FILE_KEY,)))
+    return refs
+
+
 def _tls_volume(spec: GroupSpec) -> Obj:
     return {"name": "tls", "secret": {"secretName": spec.tls_secret, "defaultMode": 0o440,
                                       "items": [{"key": k, "path": k} for k in TLS_KEYS]}}

@@ -47,6 +47,8 @@ from rmqoperator.verifier import Verifier
 log = logging.getLogger(__name__)
 # How often a polling round looks at the brokers' volume claims besides spec changes (s).
 VOLUME_CHECK_SECONDS = 60.0
+# How often the Secrets spec.tls / spec.acl name are looked at again while one is missing.
+SECRET_RECHECK_SECONDS = 5.0
 
 Obj = dict[str, Any]
 
@@ -90,6 +92,8 @@ class GroupController:
         self.paused = False
         self.scale_note: str | None = None
         self.storage_note: str | None = None
+        self.secret_note: str | None = None  # Secrets the pods mount that are missing or incomplete
+        self._secrets_checked = -1e9
         self._full_disks: set[str] = set()  # pods last seen refusing sends for a full disk
         self._volumes_checked = -1e9  # time.monotonic() of the last look at the claims
         self.generation: int | None = None
@@ -179,6 +183,31 @@ class GroupController:
             log.info("%s/%s: %s", self.namespace, self.name, ", ".join(changed))
         self.spec = spec
         await self._resize_volumes(spec)
+        await self._check_secrets(spec)
+
+    async def _check_secrets(self, spec: GroupSpec) -> None:
+        """Whether the Secrets spec.tls and spec.acl name exist with the keys the pods mount:
+        without them the pods never start, and the condition says why (the Secret may come later)."""
+        self._secrets_checked = time.monotonic()
+        notes = []
+        for field_name, name, keys in builders.secret_refs(spec):
+            try:
+                secret = await self.api.get("v1", "Secret", spec.namespace, name)
+            except ApiError as exc:
+                notes.append(f"Secret {name} ({field_name}) could not be read: {exc.message or exc.reason}")
+                continue
+            if secret is None:
+                notes.append(f"Secret {name} ({field_name}) not found: the pods that mount it cannot start")
+                continue
+            present = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
+            missing = [k for k in keys if not present.get(k)]
+            if missing:
+                notes.append(f"Secret {name} ({field_name}) has no {', '.join(missing)}: the pods that mount it "
+                             "cannot start")
+        note = "; ".join(notes) or None
+        if note and note != self.secret_note:
+            await self._event("Warning", "SecretMissing", note)
+        self.secret_note = note
 
     async def _resize_volumes(self, spec: GroupSpec) -> None:
         """Grow every broker's PersistentVolumeClaim to ``spec.storage.size``.
@@ -300,6 +329,11 @@ class GroupController:
                 await self._align(spec, views, now)
                 self._settle_demotions(spec, views)
                 self.roll = await self._roll(spec, views) if decision.action == "none" else None
+                if self.secret_note and now - self._secrets_checked >= SECRET_RECHECK_SECONDS:
+                    try:
+                        await self._check_secrets(spec)
+                    except ApiError as exc:
+                        log.warning("%s/%s: Secret check failed: %s", self.namespace, self.name, exc)
                 if now - self._volumes_checked >= VOLUME_CHECK_SECONDS:
                     # Claims a scale-up made from the old template, or a resize that failed before.
                     try:
@@ -484,7 +518,7 @@ class GroupController:
         if self.generation is not None:
             status["observedGeneration"] = self.generation
         health = Health(invalid=self.invalid, paused=self.paused, failover=self.failover,
-                        scale_note=self.scale_note, storage_note=self.storage_note,
+                        scale_note=self.scale_note, storage_note=self.storage_note, secret_note=self.secret_note,
                         roll_reason=self.roll.reason if self.roll else None,
                         roll_pending=self.roll.pending if self.roll else ())
         if spec is not None:

@@ -111,6 +111,7 @@ class Health:
     failover: FailoverDecision | None = None
     scale_note: str | None = None
     storage_note: str | None = None  # volumes that could not be resized to spec.storage.size
+    secret_note: str | None = None  # Secrets the pods mount that are missing or lack keys
     roll_reason: str | None = None
     roll_pending: tuple[str, ...] = ()
 
@@ -178,10 +179,13 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
         issues.append(health.scale_note)
     if health.storage_note:
         issues.append(health.storage_note)
+    if health.secret_note:
+        issues.append(health.secret_note)
     if health.invalid:
         issues.append("spec invalid: running brokers left as they are")
     if issues:
-        reason = ("ScaleDownRefused" if health.scale_note else
+        reason = ("SecretMissing" if health.secret_note else
+                  "ScaleDownRefused" if health.scale_note else
                   "VolumeNotResized" if health.storage_note else
                   "InvalidSpec" if health.invalid else
                   "MasterBehindSlave" if ahead else

@@ -330,3 +330,27 @@ def test_raising_the_storage_size_grows_the_claims_and_never_shrinks_them(
     assert "never shrink" in degraded["message"] and f"data-{NAME}-0 (1.5Ti)" in degraded["message"]
     assert requested() == ["1.5Ti", "1.5Ti"]
     assert h.client.events("VolumeNotResized")
+
+
+def test_a_missing_or_incomplete_secret_is_reported_until_it_is_there(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """spec.tls / spec.acl name Secrets the pods mount: while one is missing or lacks a key the pods
+    need, Degraded says which (and an event), and it clears once the Secret is complete."""
+    h = harness
+    h.client.apply_group(example(replicas=2, tls={"secretName": "later-tls"}))
+
+    def degraded(reason: str) -> dict[str, Any] | None:
+        c = dict(condition(h.client.group(NAME), "Degraded"))
+        return c if c.get("reason") == reason else None
+
+    cond = wait_for(lambda: degraded("SecretMissing"), 20, "missing Secret reported")
+    assert "Secret later-tls (spec.tls.secretName) not found" in cond["message"], cond
+    assert h.client.events("SecretMissing")
+    # Created without the key: still reported, naming the key.
+    h.client.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "later-tls", "namespace": NS},
+                     "data": {"tls.crt": "Y2VydA==", "ca.crt": "Y2E="}}, "secrets")
+    cond = wait_for(lambda: (c := degraded("SecretMissing")) and "has no tls.key" in c["message"] and c, 20,
+                    "incomplete Secret reported")
+    h.client.patch("v1", "secrets", "later-tls", {"data": {"tls.key": "a2V5"}})
+    wait_for(lambda: condition(h.client.group(NAME), "Degraded").get("reason") != "SecretMissing", 20,
+             "complete Secret no longer reported")
