@@ -39,7 +39,7 @@ class TlsSpec:
     secret_name: str
     mode: str
     client_auth: str
-    files: tuple[tuple[str, bytes], ...]
+    files: tuple[tuple[str, bytes], ...] = field(repr=False)  # key material: never in a log line
 
     @property
     def shape(self) -> tuple[str, str, str]:
@@ -51,9 +51,9 @@ class AclSpec:
     """spec.acl with its Secret: plain_acl.yml and the account slaves sign metadata sync with."""
 
     secret_name: str
-    acl_file: bytes
-    access_key: str
-    secret_key: str
+    acl_file: bytes = field(repr=False)
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

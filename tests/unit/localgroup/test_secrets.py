@@ -93,3 +93,10 @@ def test_groups_sharing_the_local_nameserver_agree_on_tls(tmp_path: Path) -> Non
     same = other.replace("spec: {brokerName: other}", "spec: {brokerName: other, tls: {secretName: sec-tls, "
                          "clientAuth: optional}}")
     assert [s.name for s in load_groups(manifest(tmp_path, GROUP, same, TLS_SECRET, ACL_SECRET))] == ["sec", "other"]
+
+
+def test_key_material_stays_out_of_the_specs_repr(tmp_path: Path) -> None:
+    spec = load_manifest(manifest(tmp_path, TLS_SECRET, GROUP, ACL_SECRET))
+    text = repr(spec)
+    assert "sec-tls" in text and "sec-acl" in text
+    assert "KEY" not in text and "'sk'" not in text and "accounts" not in text
