@@ -47,7 +47,8 @@ from rmqoperator.verifier import Verifier
 log = logging.getLogger(__name__)
 # How often a polling round looks at the brokers' volume claims besides spec changes (s).
 VOLUME_CHECK_SECONDS = 60.0
-# How often the Secrets spec.tls / spec.acl name are looked at again while one is missing.
+# How often the Secrets spec.tls / spec.acl name are looked at again while one is missing
+# (otherwise every VOLUME_CHECK_SECONDS: one deleted later stops the next pod restart).
 SECRET_RECHECK_SECONDS = 5.0
 
 Obj = dict[str, Any]
@@ -329,7 +330,8 @@ class GroupController:
                 await self._align(spec, views, now)
                 self._settle_demotions(spec, views)
                 self.roll = await self._roll(spec, views) if decision.action == "none" else None
-                if self.secret_note and now - self._secrets_checked >= SECRET_RECHECK_SECONDS:
+                if now - self._secrets_checked >= (SECRET_RECHECK_SECONDS if self.secret_note else
+                                                    VOLUME_CHECK_SECONDS):
                     try:
                         await self._check_secrets(spec)
                     except ApiError as exc:
