@@ -481,13 +481,13 @@ def _closed_loop_lean(addr: str, producers: int, seconds: float, warmup: float =
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    namesrv, topic, work = cpp or ("", "SyncAsync", Path())
-    home = work / "cpp-home"
+    namesrv, topic, home = "", "SyncAsync", ""
     if cpp:
-        home.mkdir(exist_ok=True)
+        namesrv, topic, work = cpp
+        (work / "cpp-home").mkdir(exist_ok=True)  # librocketmq logs under $HOME
+        home = str(work / "cpp-home")
     cfg = WorkerConfig(index=0, client="cpp" if cpp else "lean", broker_addr=addr, namesrv_addr=namesrv, topic=topic,
-                       queues=4, producers=producers, window=1, burst=1, body=make_body(1024),
-                       home=str(home) if cpp else "", cpu=gen_cpu)
+                       queues=4, producers=producers, window=1, burst=1, body=make_body(1024), home=home, cpu=gen_cpu)
     proc = ctx.Process(target=cpp_worker if cpp else lean_worker, args=(child, cfg))
     proc.start()
     try:

@@ -33,6 +33,7 @@ from rmqbroker.store.retention import parse_delete_when
 log = logging.getLogger(__name__)
 
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+ACL_FILE_NAME = "plain_acl.yml"
 
 
 class ConfigError(ValueError):
@@ -170,7 +171,7 @@ class BrokerSettings:
 
     @property
     def acl_path(self) -> Path:
-        return Path(os.path.expanduser(self.aclFile)) if self.aclFile else self.store_root / "config" / "plain_acl.yml"
+        return Path(os.path.expanduser(self.aclFile)) if self.aclFile else self.store_root / "config" / ACL_FILE_NAME
 
     @property
     def commitlog_dir(self) -> Path:

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rmqbroker.config import env_name
+from rmqbroker.config import ACL_FILE_NAME, env_name
 from rmqbroker.remoting import tls
 from rmqoperator.spec import API_VERSION, GROUP, KIND, GroupSpec, SchedulingSpec
 
@@ -49,13 +49,13 @@ DATA_DIR = "/data"
 # spec.acl.secretName: the Secret's plain_acl.yml is mounted here; its optional accessKey and
 # secretKey reach the broker as the environment overrides of aclAccessKey / aclSecretKey.
 ACL_DIR = "/etc/rmq/acl"
-ACL_FILE_KEY = "plain_acl.yml"
+ACL_FILE_KEY = ACL_FILE_NAME
 ACL_ENV = (("RMQ_BROKER_ACL_ACCESS_KEY", "accessKey"), ("RMQ_BROKER_ACL_SECRET_KEY", "secretKey"))
 # spec.tls.secretName: the Secret's tls.crt, tls.key and ca.crt are mounted here, and the ConfigMap's
 # tls.properties (RocketMQ's keys) points brokers and nameservers at them.
 TLS_DIR = "/etc/rmq/tls"
-TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
-TLS_PROPERTIES = "tls.properties"
+TLS_KEYS = tls.CERT_FILES
+TLS_PROPERTIES = tls.PROPERTIES_FILE
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 APPLIED_SPEC_ANNOTATION = f"{GROUP}/applied-spec"
 GROUP_LABEL = f"{GROUP}/group"

@@ -332,10 +332,7 @@ class GroupController:
                 self.roll = await self._roll(spec, views) if decision.action == "none" else None
                 if now - self._secrets_checked >= (SECRET_RECHECK_SECONDS if self.secret_note else
                                                     VOLUME_CHECK_SECONDS):
-                    try:
-                        await self._check_secrets(spec)
-                    except ApiError as exc:
-                        log.warning("%s/%s: Secret check failed: %s", self.namespace, self.name, exc)
+                    await self._check_secrets(spec)
                 if now - self._volumes_checked >= VOLUME_CHECK_SECONDS:
                     # Claims a scale-up made from the old template, or a resize that failed before.
                     try:

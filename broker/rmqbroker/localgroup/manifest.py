@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +16,14 @@ from typing import Any
 
 import yaml
 
+from rmqbroker.config import ACL_FILE_NAME
 from rmqbroker.ha.election import FailoverSpec
 from rmqbroker.managed_keys import managed_keys_in
+from rmqbroker.metadata.jsonfile import atomic_write
 from rmqbroker.remoting import tls as tls_conf
 
 # Where a group's Secret files and rendered tls.properties go, under its data folder.
 SECRETS_DIR = "secrets"
-TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
-ACL_FILE_KEY = "plain_acl.yml"
-TLS_PROPERTIES = "tls.properties"
 
 
 class ManifestError(ValueError):
@@ -203,8 +201,8 @@ def _tls(obj: Any, secrets: Secrets, namespace: str) -> TlsSpec | None:
         raise ManifestError("spec.tls.mode must be permissive or enforcing")
     if client_auth not in tls_conf.CLIENT_AUTH_MODES:
         raise ManifestError("spec.tls.clientAuth must be none, optional or require")
-    name, values = _secret(secrets, namespace, obj, "tls", TLS_KEYS)
-    return TlsSpec(name, mode, client_auth, tuple((k, values[k]) for k in TLS_KEYS))
+    name, values = _secret(secrets, namespace, obj, "tls", tls_conf.CERT_FILES)
+    return TlsSpec(name, mode, client_auth, tuple((k, values[k]) for k in tls_conf.CERT_FILES))
 
 
 def _acl(obj: Any, secrets: Secrets, namespace: str) -> AclSpec | None:
@@ -212,12 +210,12 @@ def _acl(obj: Any, secrets: Secrets, namespace: str) -> AclSpec | None:
         return None
     if not isinstance(obj, dict):
         raise ManifestError("spec.acl must be an object")
-    name, values = _secret(secrets, namespace, obj, "acl", (ACL_FILE_KEY,))
+    name, values = _secret(secrets, namespace, obj, "acl", (ACL_FILE_NAME,))
     try:
         access, secret = (values.get(k, b"").decode() for k in ("accessKey", "secretKey"))
     except UnicodeDecodeError as exc:
         raise ManifestError(f"spec.acl: Secret {name}: accessKey and secretKey must be text") from exc
-    return AclSpec(name, values[ACL_FILE_KEY], access, secret)
+    return AclSpec(name, values[ACL_FILE_NAME], access, secret)
 
 
 def parse_group(doc: dict[str, Any], secrets: Secrets | None = None) -> GroupSpec:
@@ -289,12 +287,17 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
         conf["haMasterAddress"] = master_ha
     secrets = data_dir / SECRETS_DIR
     if spec.acl is not None:
-        conf |= {"aclEnable": "true", "aclFile": str(secrets / "acl" / ACL_FILE_KEY),
+        conf |= {"aclEnable": "true", "aclFile": str(secrets / "acl" / ACL_FILE_NAME),
                  "aclAccessKey": spec.acl.access_key, "aclSecretKey": spec.acl.secret_key}
     if spec.tls is not None:
         conf |= {"tlsEnable": "true", "tlsServerMode": spec.tls.mode,
-                 "tlsConfigFile": str(secrets / TLS_PROPERTIES)}
+                 "tlsConfigFile": str(tls_properties_path(data_dir))}
     return "".join(f"{k}={v}\n" for k, v in conf.items())
+
+
+def tls_properties_path(data_dir: Path) -> Path:
+    """Where :func:`write_secrets` renders tls.properties for the group in ``data_dir``."""
+    return data_dir / SECRETS_DIR / tls_conf.PROPERTIES_FILE
 
 
 def write_secrets(spec: GroupSpec, data_dir: Path) -> Path | None:
@@ -303,17 +306,14 @@ def write_secrets(spec: GroupSpec, data_dir: Path) -> Path | None:
     secrets = data_dir / SECRETS_DIR
     files: dict[Path, bytes] = {}
     if spec.acl is not None:
-        files[secrets / "acl" / ACL_FILE_KEY] = spec.acl.acl_file
+        files[secrets / "acl" / ACL_FILE_NAME] = spec.acl.acl_file
     props = None
     if spec.tls is not None:
         files |= {secrets / "tls" / name: content for name, content in spec.tls.files}
-        props = secrets / TLS_PROPERTIES
+        props = tls_properties_path(data_dir)
         header = f"# {spec.name}: rendered by rmq-local from spec.tls (Secret {spec.tls.secret_name}).\n"
         files[props] = tls_conf.render_properties(str(secrets / "tls"), spec.tls.client_auth, header).encode()
     for path, content in files.items():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # a file left by an older run keeps its mode otherwise
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
+        atomic_write(path, content, mode=0o600, backup=False)  # a secret gets no .bak copy
     return props

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rmqbroker.ha import election
-from rmqbroker.localgroup.manifest import GroupSpec, render_conf, write_secrets
+from rmqbroker.localgroup.manifest import GroupSpec, render_conf, tls_properties_path, write_secrets
+from rmqbroker.metadata.jsonfile import atomic_write
 
 STATE_FILE = "state.json"
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
@@ -222,12 +223,8 @@ class LocalGroup:
         for ordinal, broker_id in self.assignment.items():
             conf = render_conf(self.spec, ordinal, broker_id, self.data_dir, self.ports(ordinal), self.namesrv,
                                self.ha_address(self.master), self.token_file)
-            path = self.data_dir / f"{self.name_of(ordinal)}.conf"
             # Owner-only: with spec.acl it holds the account slaves sign their metadata sync with.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(conf)
+            atomic_write(self.data_dir / f"{self.name_of(ordinal)}.conf", conf, mode=0o600, backup=False)
 
     # -- processes --------------------------------------------------------------------------
 
@@ -239,7 +236,7 @@ class LocalGroup:
                     "--kv-config-path", str(self.data_dir / "namesrv" / "kvConfig.json")]
             if self.spec.tls is not None:
                 args += ["--tls-server-mode", self.spec.tls.mode, "--tls-config-file",
-                         str(write_secrets(self.spec, self.data_dir))]
+                         str(tls_properties_path(self.data_dir))]
             self.procs["namesrv"] = Proc("namesrv", args, self.data_dir / "namesrv.log")
         for ordinal in self.assignment:
             name = self.name_of(ordinal)

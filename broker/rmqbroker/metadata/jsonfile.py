@@ -176,6 +176,7 @@ def _fsync_dir(directory: Path) -> None:
 def _write_and_fsync(path: Path, data: bytes, mode: int = 0o644) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # a tmp file left by a crash keeps its old mode otherwise
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
@@ -204,8 +205,8 @@ def _rotate_backup(path: Path, bak: Path) -> None:
     os.replace(staging, bak)
 
 
-def atomic_write(path: Path, text: str, *, mode: int = 0o644, backup: bool = True) -> None:
-    """Write ``text`` to ``path`` so a crash leaves either the old or the new content.
+def atomic_write(path: Path, text: str | bytes, *, mode: int = 0o644, backup: bool = True) -> None:
+    """Write ``text`` (or bytes as they are) to ``path`` so a crash leaves either the old or the new content.
 
     Steps: write and fsync ``<file>.tmp`` (created with ``mode``); keep the current content as
     ``<file>.bak`` (unless ``backup`` is off: a file of secrets gets no second copy); rename the
@@ -216,7 +217,7 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644, backup: bool = Tru
     bak = path.with_name(path.name + BAK_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_and_fsync(tmp, text.encode("utf-8"), mode)
+        _write_and_fsync(tmp, text if isinstance(text, bytes) else text.encode("utf-8"), mode)
         if backup:
             _rotate_backup(path, bak)
         os.replace(tmp, path)

@@ -124,6 +124,11 @@ def load_settings(server_mode: str = "permissive", client_enable: bool = False,
     return settings
 
 
+# cert-manager's file names for a certificate, its key and the CA, as Secrets hold them.
+CERT_FILES = ("tls.crt", "tls.key", "ca.crt")
+PROPERTIES_FILE = "tls.properties"
+
+
 def render_properties(directory: str, client_auth: str, header: str = "") -> str:
     """tls.properties for a server that is also a client (a broker, a nameserver): the
     certificate ``directory/tls.crt`` with ``tls.key`` serves and identifies it, ``ca.crt`` is
