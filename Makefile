@@ -25,8 +25,10 @@ $(NATIVE): $(STAMP) $(COMPILED)
 venv: $(NATIVE)
 
 ## Main job on the embedded default: a local broker group (nameserver, master, slaves), no Kubernetes.
+# RUN_ARGS: rmq-local up's options, e.g. RUN_ARGS="--base-port 30911 --namesrv-port 30876".
+RUN_ARGS ?=
 run: $(NATIVE)
-	$(VENV)/bin/rmq-local up examples/brokergroup.yaml
+	$(VENV)/bin/rmq-local up examples/brokergroup.yaml $(RUN_ARGS)
 
 ## The whole test suite (lint and type checks first: they are part of the contract).
 test: $(NATIVE)

@@ -20,7 +20,7 @@ from rmqbroker.metadata.jsonfile import MessageQueue, fastjson_loads, loads_mq_k
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG
 from rmqbroker.remoting import tls, wire
-from rmqbroker.remoting.client import RemotingClient, RemotingError
+from rmqbroker.remoting.client import RemotingClient, RemotingClosedError, RemotingError
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.store.errors import CorruptRecordError, MessageIdError
@@ -41,6 +41,7 @@ class Admin:
         self.namesrvs = [a.strip() for a in (namesrv or "").split(";") if a.strip()]
         self.credentials = credentials
         self.client = RemotingClient(ssl_context=ssl_context)
+        self.tls = ssl_context is not None
 
     async def call(self, addr: str, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
                    ok: tuple[int, ...] = (ResponseCode.SUCCESS,), timeout: float = TIMEOUT) -> RemotingCommand:
@@ -50,7 +51,10 @@ class Admin:
         try:
             resp = await self.client.invoke(addr, RemotingCommand(code, ext_fields=fields, body=body), timeout)
         except RemotingError as exc:
-            raise AdminError(f"{addr}: {exc}") from exc
+            # A server in TLS enforcing mode closes a plain connection without a word.
+            hint = (" before answering: if it serves TLS only, add --tls"
+                    if isinstance(exc, RemotingClosedError) and not self.tls else "")
+            raise AdminError(f"{addr}: {exc}{hint}") from exc
         if resp.code not in ok:
             raise AdminError(f"{addr}: request {code} failed with code {resp.code}: {resp.remark}")
         return resp
@@ -813,7 +817,7 @@ async def query_msg_by_unique_key(admin: Admin, args: argparse.Namespace) -> str
     if not records:
         raise AdminError(f"no message of topic {args.topic} with message id {args.msg_id}")
     # Sent again after a failure, a message is stored twice under one id: show each copy.
-    return "\n\n".join(_describe(rec, "-") for rec in records)
+    return "\n\n".join(_describe(rec, rec.msg_id) for rec in records)
 
 
 async def query_msg_by_id(admin: Admin, args: argparse.Namespace) -> str:
@@ -828,7 +832,13 @@ async def query_msg_by_id(admin: Admin, args: argparse.Namespace) -> str:
     except MessageIdError as exc:
         raise AdminError(f"{exc} (for the client's message id use queryMsgByUniqueKey -t TOPIC)") from exc
     addr = f"{ip}:{port}"
-    resp = await admin.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, {wire.OFFSET: str(phy)})
+    try:
+        resp = await admin.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, {wire.OFFSET: str(phy)})
+    except AdminError as exc:
+        # A client's message id has the same length, and decodes to an address of no broker.
+        raise AdminError(f"{exc} (an offset message id names its broker, {addr}, and commitlog offset "
+                         f"{phy}; for the client's message id use queryMsgByUniqueKey -t TOPIC -i "
+                         f"{args.msg_id})") from exc
     try:
         rec = decode_record(bytes(resp.body), 0)
     except CorruptRecordError as exc:

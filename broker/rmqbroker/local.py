@@ -11,6 +11,8 @@ exited processes are started again and a lost master is failed over
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -34,6 +36,47 @@ TICK = 1.0
 # The brokers of the second group of a manifest start this many ports above the first's, and so on
 # (a group uses at most 5 brokers x 10 ports, from base - 2).
 GROUP_PORT_STRIDE = 50
+# Held by the `rmq-local up` that runs a data directory, with its pid inside.
+LOCK_FILE = "rmq-local.lock"
+
+
+def _claim(data_dir: Path) -> int | None:
+    """Lock ``data_dir`` for this process (the descriptor, kept open while it runs), or None when
+    another ``rmq-local up`` holds it."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _holder(data_dir: Path) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        return f" (pid {int((data_dir / LOCK_FILE).read_text())})"
+    return ""
+
+
+def _stores_in_use(groups: list[LocalGroup]) -> list[Path]:
+    """Brokers' store directories some process holds (the broker's own lock on its store): a
+    broker left running by an earlier rmq-local that was killed."""
+    held = []
+    for group in groups:
+        for ordinal in group.assignment:
+            lock = group.store_dir(ordinal) / "lock"
+            if not lock.exists():
+                continue
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                held.append(lock.parent)
+            finally:
+                os.close(fd)
+    return held
 
 
 def _port_free(port: int) -> bool:
@@ -136,12 +179,31 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
     specs = load_groups(manifest)
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    # Before anything in it is written: a second `up` on the same directory would rewrite the
+    # running group's confs (ports, addresses) and break its next restart.
+    lock_fd = _claim(data_dir)
+    if lock_fd is None:
+        print(f"rmq-local: {data_dir} is in use by another rmq-local{_holder(data_dir)}; stop it, or give "
+              "this group its own --data-dir", file=sys.stderr)
+        return 1
+    try:
+        return _up(specs, data_dir, base_port, namesrv_port, once)
+    finally:
+        os.close(lock_fd)
+
+
+def _up(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv_port: int, once: bool) -> int:
     token_file = data_dir / "admin-token"
     if not token_file.exists():
         token_file.write_text(secrets.token_hex(16) + "\n")
         token_file.chmod(0o600)
     groups = _open_groups(specs, data_dir, base_port, f"127.0.0.1:{namesrv_port}", token_file)
     try:
+        held = _stores_in_use(groups)
+        if held:
+            print(f"rmq-local: store(s) in use by another process: {', '.join(map(str, held))}; a broker of an "
+                  "earlier run may still be running (see `ps`): stop it first", file=sys.stderr)
+            return 1
         needed = [namesrv_port] + [g.ports(o)["listen"] + d for g in groups for o in range(g.spec.replicas)
                                    for d in (-2, 0, 1, 5)]
         busy = [p for p in needed if not _port_free(p)]
@@ -149,8 +211,11 @@ def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: 
             print(f"rmq-local: ports in use: {busy}; pass --base-port/--namesrv-port", file=sys.stderr)
             return 1
         for i, group in enumerate(groups):
-            group.write_confs()
-            group.add_processes(with_namesrv=i == 0)
+            for line in group.write_confs(keep_saved=False):
+                print(f"rmq-local: {group.spec.name} {line}: differ from the manifest (set at run time, e.g. by "
+                      "updateBrokerConfig, or by an earlier manifest); starting with the manifest's values: put "
+                      "a value in spec.brokerConfig to keep it", file=sys.stderr)
+            group.add_processes(namesrv_dir=data_dir if i == 0 else None)
             now = time.monotonic()
             for name in group.start_order():
                 proc = group.procs[name]

@@ -17,7 +17,7 @@ from typing import Any
 
 from rmqbroker.managed_keys import MANAGED_KEYS
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
-from tests.integration.helpers import poll, send_raw
+from tests.integration.helpers import poll, rpc, send_raw
 from tests.support.procs import free_port_block
 
 
@@ -284,6 +284,22 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
         assert _roles(rows) == [("broker-0", 0, "SYNC_MASTER"), ("broker-1", 1, "SLAVE"), ("broker-2", 2, "SLAVE")]
         assert "broker-2 exited (signal 9)" in status_output(g.data_dir)
 
+        # A value saved at run time (mqadmin updateBrokerConfig) outlives the failover's re-render.
+        resp = rpc(g.addr(0), RequestCode.UPDATE_BROKER_CONFIG, body=b"fileReservedTime=12\n")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert "fileReservedTime=12" in (g.data_dir / "broker-0.conf").read_text()
+
+        # A second `up` on this data directory is refused before it rewrites anything.
+        confs = {p.name: p.read_bytes() for p in g.data_dir.glob("*.conf")}
+        other = free_port_block(32) + 2
+        second = subprocess.run([sys.executable, "-m", "rmqbroker.local", "up", str(tmp_path / "bg.yaml"), "--once",
+                                 "--data-dir", str(g.data_dir), "--base-port", str(other),
+                                 "--namesrv-port", str(other + 29)],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert second.returncode == 1, second.stderr
+        assert f"in use by another rmq-local (pid {g.proc.pid})" in second.stderr
+        assert {p.name: p.read_bytes() for p in g.data_dir.glob("*.conf")} == confs
+
         # The master stops answering (SIGSTOP): after masterLostSeconds a slave is promoted.
         master_pid = g.pid(0)
         os.kill(master_pid, signal.SIGSTOP)
@@ -301,6 +317,7 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
             assert state["assignment"] == {"0": 1, "1": 0, "2": 2} and state["epoch"] == 1
             conf0 = (g.data_dir / "broker-0.conf").read_text()
             assert "brokerRole=SLAVE" in conf0 and f"haMasterAddress=127.0.0.1:{g.base + 11}" in conf0
+            assert "fileReservedTime=12" in conf0
 
             # The new SYNC_MASTER takes sends once the other slave follows it.
             def sent() -> bool:
@@ -337,6 +354,12 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
         assert all(r.epoch == "1" for r in rows)
         resp = send_raw(g2.addr(1), "LocalTopic", b"again")
         assert resp.code == ResponseCode.SUCCESS, resp.remark
+        # The manifest's confs again: the run-time value is dropped, and the user told which.
+        assert "fileReservedTime" not in (g2.data_dir / "broker-0.conf").read_text()
+        g2.proc.send_signal(signal.SIGTERM)
+        assert g2.proc.wait(60) == 0
+        assert g2.proc.stderr is not None
+        assert "broker-0.conf: fileReservedTime=12: differ from the manifest" in g2.proc.stderr.read()
 
 
 def test_local_group_without_failover_restarts_the_master_and_keeps_roles(tmp_path: Path) -> None:
@@ -376,7 +399,7 @@ def test_local_cluster_of_two_groups_shares_one_nameserver(tmp_path: Path) -> No
     """`rmq-local up examples/cluster.yaml`: the Kubernetes example of two groups as one cluster runs
     locally around one nameserver, and the stock producer spreads a topic over both groups."""
     from rmqbroker.local import GROUP_PORT_STRIDE
-    from tests.integration.helpers import create_topic, message, produce, route, rpc
+    from tests.integration.helpers import create_topic, message, produce, route
 
     example = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
     base = free_port_block(128) + 2
@@ -396,6 +419,8 @@ def test_local_cluster_of_two_groups_shares_one_nameserver(tmp_path: Path) -> No
         out = poll(linked, 30, 0.3, what="both groups' slaves connected")
         assert "== BrokerGroup broker-a ==" in out and "== BrokerGroup broker-b ==" in out
         assert (data_dir / "broker-b" / "broker-0" / "store").is_dir()
+        # One nameserver for the cluster, at the top of the data directory.
+        assert (data_dir / "namesrv.log").is_file() and not (data_dir / "broker-a" / "namesrv.log").exists()
         masters = {"broker-a": f"127.0.0.1:{base}", "broker-b": f"127.0.0.1:{base + GROUP_PORT_STRIDE}"}
 
         def both_registered() -> dict[str, Any] | None:

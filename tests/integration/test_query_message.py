@@ -11,9 +11,10 @@ import pytest
 
 from rmqbroker.admin_cli import main as rmq_admin
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
-from rmqbroker.store.record import iter_records
+from rmqbroker.store.record import decode_offset_msg_id, iter_records, offset_msg_id
 from tests.conftest import Cluster
 from tests.integration.helpers import create_topic_and_wait, message, produce, rpc, send_raw, wait_caught_up
+from tests.support.procs import free_port
 
 TOPIC = "QueryTopic"
 
@@ -55,10 +56,18 @@ def test_messages_are_found_by_key_unique_key_and_offset_id(
     assert rmq_admin(["queryMsgByUniqueKey", *n, "-t", TOPIC, "-i", sent[3]["msg_id"]]) == 0
     out = capsys.readouterr().out
     assert "order-3 batch-A" in out and "TagQ" in out and f"Message ID:         {sent[3]['msg_id']}" in out
+    # ... with the broker's offset message id, which queryMsgById takes.
+    offset_id = next(line.split()[1] for line in out.splitlines() if line.startswith("OffsetID:"))
+    assert decode_offset_msg_id(offset_id)[:2] == ("127.0.0.1", master.port)
+    assert rmq_admin(["queryMsgById", *n, "-i", offset_id]) == 0
+    assert f"Message ID:         {sent[3]['msg_id']}" in capsys.readouterr().out
 
     assert rmq_admin(["queryMsgById", *n, "-i", raw.ext_fields["msgId"]]) == 0
     out = capsys.readouterr().out
     assert f"Topic:              {TOPIC}" in out and "Body Length:        8" in out
+    # An id that names no broker (as a client's message id does): the error says what to use.
+    assert rmq_admin(["queryMsgById", *n, "-i", offset_msg_id("127.0.0.1", free_port(), 0)]) == 1
+    assert "for the client's message id use queryMsgByUniqueKey" in capsys.readouterr().err
 
     assert rmq_admin(["queryMsgByKey", *n, "-t", TOPIC, "-k", "no-such-key"]) == 1
     assert "no message" in capsys.readouterr().err

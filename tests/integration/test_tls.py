@@ -200,6 +200,7 @@ def test_enforcing_with_client_certificates(cluster: Cluster, pki: dict[str, Any
     out = capsys.readouterr().out
     assert "TopicTls" in out or "broker-a" in out, out
     assert admin_main(["topicStatus", "-n", ns.addr, "-t", "TopicTls"]) != 0
+    assert "if it serves TLS only, add --tls" in capsys.readouterr().err
 
 
 def test_disabled_mode_closes_a_tls_client_and_counts_it(cluster: Cluster) -> None:

@@ -281,7 +281,7 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
         "fastListenPort": str(ports["listen"] - 2),
         "adminListenPort": str(ports["admin"]),
         "adminTokenFile": str(token_file),
-        "storePathRootDir": str(data_dir / f"broker-{ordinal}" / "store"),
+        "storePathRootDir": str(store_dir(data_dir, ordinal)),
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha
@@ -293,6 +293,11 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
         conf |= {"tlsEnable": "true", "tlsServerMode": spec.tls.mode,
                  "tlsConfigFile": str(tls_properties_path(data_dir))}
     return "".join(f"{k}={v}\n" for k, v in conf.items())
+
+
+def store_dir(data_dir: Path, ordinal: int) -> Path:
+    """The store of the broker at ``ordinal`` of the group kept in ``data_dir``."""
+    return data_dir / f"broker-{ordinal}" / "store"
 
 
 def tls_properties_path(data_dir: Path) -> Path:

@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmqbroker.conf_file import rewrite_properties
 from rmqbroker.ha import election
-from rmqbroker.localgroup.manifest import GroupSpec, render_conf, tls_properties_path, write_secrets
+from rmqbroker.localgroup.manifest import GroupSpec, render_conf, store_dir, tls_properties_path, write_secrets
+from rmqbroker.managed_keys import MANAGED_KEYS
 from rmqbroker.metadata.jsonfile import atomic_write
+from rmqbroker.properties import parse_properties
 
 STATE_FILE = "state.json"
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
@@ -218,26 +221,59 @@ class LocalGroup:
                 out[o] = next(i for i in range(1, 100) if i not in used)
         self.assignment = dict(sorted(out.items()))
 
-    def write_confs(self) -> None:
+    def store_dir(self, ordinal: int) -> Path:
+        return store_dir(self.data_dir, ordinal)
+
+    def conf_path(self, ordinal: int) -> Path:
+        return self.data_dir / f"{self.name_of(ordinal)}.conf"
+
+    def write_confs(self, keep_saved: bool = True) -> list[str]:
+        """Render every broker's conf for its current role.
+
+        A value a broker saved in its conf at run time (UPDATE_BROKER_CONFIG) differs from what the
+        manifest renders. ``keep_saved`` keeps such values (a failover re-renders the confs of a
+        running group); otherwise the manifest's win, as when the group starts, and the values
+        dropped are returned, one line per broker, for the user to carry into spec.brokerConfig.
+        """
         write_secrets(self.spec, self.data_dir)
+        dropped = []
         for ordinal, broker_id in self.assignment.items():
+            path = self.conf_path(ordinal)
             conf = render_conf(self.spec, ordinal, broker_id, self.data_dir, self.ports(ordinal), self.namesrv,
                                self.ha_address(self.master), self.token_file)
+            saved = self._saved_values(path, conf)
+            if keep_saved:
+                conf = rewrite_properties(conf, saved)
+            elif saved:
+                dropped.append(f"{path.name}: {', '.join(f'{k}={v}' for k, v in saved.items())}")
             # Owner-only: with spec.acl it holds the account slaves sign their metadata sync with.
-            atomic_write(self.data_dir / f"{self.name_of(ordinal)}.conf", conf, mode=0o600, backup=False)
+            atomic_write(path, conf, mode=0o600, backup=False)
+        return dropped
+
+    @staticmethod
+    def _saved_values(path: Path, rendered: str) -> dict[str, str]:
+        """Keys of the conf at ``path`` whose values ``rendered`` would not keep (addresses, ports
+        and roles aside: those are rmq-local's to assign)."""
+        try:
+            old = parse_properties(path.read_text())
+        except FileNotFoundError:
+            return {}
+        new = parse_properties(rendered)
+        return {k: v for k, v in old.items() if k not in MANAGED_KEYS and new.get(k) != v}
 
     # -- processes --------------------------------------------------------------------------
 
-    def add_processes(self, with_namesrv: bool = True) -> None:
-        """The group's brokers and, for the first group of a manifest, the nameserver they all share."""
-        if with_namesrv:
-            # Its KV config (mqadmin updateKvConfig) stays with the group's data, not in $HOME.
+    def add_processes(self, namesrv_dir: Path | None = None) -> None:
+        """The group's brokers and, with ``namesrv_dir`` (the first group of a manifest), the
+        nameserver they all share, its log and KV config there."""
+        if namesrv_dir is not None:
+            # Its KV config (mqadmin updateKvConfig) stays with the local data, not in $HOME.
             args = [sys.executable, "-m", "rmqbroker.namesrv.main", "--listen", self.namesrv,
-                    "--kv-config-path", str(self.data_dir / "namesrv" / "kvConfig.json")]
+                    "--kv-config-path", str(namesrv_dir / "namesrv" / "kvConfig.json")]
             if self.spec.tls is not None:
                 args += ["--tls-server-mode", self.spec.tls.mode, "--tls-config-file",
                          str(tls_properties_path(self.data_dir))]
-            self.procs["namesrv"] = Proc("namesrv", args, self.data_dir / "namesrv.log")
+            self.procs["namesrv"] = Proc("namesrv", args, namesrv_dir / "namesrv.log")
         for ordinal in self.assignment:
             name = self.name_of(ordinal)
             self.procs[name] = Proc(name, [sys.executable, "-m", "rmqbroker.main", "-c",

@@ -36,6 +36,10 @@ class RemotingConnectError(RemotingError):
     """The peer could not be reached or the connection dropped."""
 
 
+class RemotingClosedError(RemotingConnectError):
+    """The peer closed the connection before answering (it may, e.g., serve TLS only)."""
+
+
 class RemotingTimeoutError(RemotingError):
     """No response within the timeout."""
 
@@ -63,7 +67,7 @@ class _ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.owner._forget(self)
-        err = RemotingConnectError(f"connection to {self.addr} closed")
+        err = RemotingClosedError(f"connection to {self.addr} closed")
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(err)

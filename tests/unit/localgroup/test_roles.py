@@ -135,3 +135,46 @@ def test_damaged_saved_roles_never_make_two_masters(tmp_path: Path) -> None:
     g = group(tmp_path)
     g.load_assignment({"group": "g", "epoch": "x", "assignment": {"0": 0, "1": 0, "2": True, "x": 1}})
     assert g.assignment == {0: 0, 1: 1, 2: 2} and g.epoch == 0
+
+
+def test_values_saved_at_run_time_are_kept_on_a_re_render_and_reported_when_dropped(tmp_path: Path) -> None:
+    g = group(tmp_path, replicas=2)
+    g.load_assignment(None)
+    assert g.write_confs(keep_saved=False) == []  # nothing there before
+    conf0 = tmp_path / "broker-0.conf"
+    # As the broker saves an UPDATE_BROKER_CONFIG: the key's line rewritten, a new key appended.
+    conf0.write_text(conf0.read_text().replace("flushDiskType=ASYNC_FLUSH", "flushDiskType=SYNC_FLUSH")
+                     + "fileReservedTime=12\n")
+    g.assignment = {0: 1, 1: 0}  # a failover re-renders both confs
+    assert g.write_confs() == []
+    text = conf0.read_text()
+    assert "brokerRole=SLAVE\n" in text and "brokerId=1\n" in text  # the new role ...
+    assert "flushDiskType=SYNC_FLUSH\n" in text and "fileReservedTime=12\n" in text  # ... and the saved values
+    assert "fileReservedTime" not in (tmp_path / "broker-1.conf").read_text()
+    # Started again (other ports too): the manifest's values, and the dropped ones said.
+    g2 = LocalGroup(g.spec, tmp_path, 40911, "127.0.0.1:40876", tmp_path / "token")
+    g2.load_assignment({"group": "g", "epoch": 1, "assignment": {"0": 1, "1": 0}})
+    assert g2.write_confs(keep_saved=False) == ["broker-0.conf: flushDiskType=SYNC_FLUSH, fileReservedTime=12"]
+    text = conf0.read_text()
+    assert "flushDiskType=ASYNC_FLUSH\n" in text and "fileReservedTime" not in text and "listenPort=40911\n" in text
+
+
+def test_a_store_some_process_holds_is_found(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    from rmqbroker.local import _stores_in_use
+
+    g = group(tmp_path, replicas=2)
+    g.load_assignment(None)
+    assert _stores_in_use([g]) == []  # no stores yet
+    for ordinal in (0, 1):
+        g.store_dir(ordinal).mkdir(parents=True)
+        (g.store_dir(ordinal) / "lock").touch()
+    fd = os.open(g.store_dir(1) / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running broker holds its store
+        assert _stores_in_use([g]) == [g.store_dir(1)]
+    finally:
+        os.close(fd)
+    assert _stores_in_use([g]) == []
