@@ -429,8 +429,8 @@ class Broker:
             return json_error(400, "haAddress (host:port) is required")
         if broker_addr is not None and (not isinstance(broker_addr, str) or not _is_host_port(broker_addr)):
             return json_error(400, "brokerAddress must be host:port")
-        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
-            return json_error(400, "epoch must be an integer")
+        if epoch is not None and not _is_int64(epoch):
+            return json_error(400, "epoch must be an integer from 0 to 2^63-1")
         try:
             await self.replication.repoint(ha_addr, broker_addr, epoch)
         except RoleChangeError as exc:
@@ -440,8 +440,8 @@ class Broker:
     async def _http_fence(self, request: web.Request) -> web.Response:
         body = await read_json_object(request)
         epoch = body.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            return json_error(400, "epoch must be a non-negative integer")
+        if not _is_int64(epoch):
+            return json_error(400, "epoch must be an integer from 0 to 2^63-1")
         try:
             result = await self.replication.fence(epoch)
         except RoleChangeError as exc:
@@ -453,10 +453,10 @@ class Broker:
         role, broker_id, epoch = body.get("role"), body.get("brokerId"), body.get("epoch")
         if not isinstance(role, str):
             return json_error(400, "role is required")
-        if not isinstance(broker_id, int) or isinstance(broker_id, bool) or broker_id < 0:
-            return json_error(400, "brokerId must be a non-negative integer")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            return json_error(400, "epoch must be a non-negative integer")
+        if not _is_int64(broker_id):
+            return json_error(400, "brokerId must be an integer from 0 to 2^63-1")
+        if not _is_int64(epoch):
+            return json_error(400, "epoch must be an integer from 0 to 2^63-1")
         try:
             result = await self.replication.change_role(role, broker_id, epoch)
         except RoleChangeError as exc:
@@ -550,6 +550,12 @@ class Broker:
         if self.admin is not None:
             await self.admin.stop()
         log.info("broker stopped")
+
+
+def _is_int64(value: object) -> bool:
+    """A JSON integer Java's long holds and no count goes below: epochs and brokerIds (an epoch
+    persisted beyond int64 could never be exceeded by another tool, nor shown by one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
 def _is_host_port(addr: str) -> bool:

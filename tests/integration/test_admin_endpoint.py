@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 
@@ -37,6 +38,28 @@ def test_status_and_metrics_need_the_token(broker: BrokerProc, path: str) -> Non
     assert _basic_auth(broker, path)[0] == 401
     code, body = broker.admin(path)
     assert code == 200 and body
+
+
+def _raw_http(port: int, request: bytes) -> bytes:
+    """What the endpoint answers to ``request`` sent as it is."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        return s.recv(4096)
+
+
+def test_a_token_outside_ascii_and_malformed_http_get_4xx_without_tracebacks(broker: BrokerProc) -> None:
+    port = broker.admin_port
+    answer = _raw_http(port, "GET /status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer é\r\n"
+                             "Connection: close\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+    for bad in (b"GET /status HTTP/9.9\r\n\r\n",
+                b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+                b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n"):
+        assert b" 400 " in _raw_http(port, bad).split(b"\r\n")[0]
+    poll(lambda: broker.log_text().count("malformed HTTP request") >= 3, 5, 0.1, what="malformed requests logged")
+    log = broker.log_text()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    assert broker.admin("/status")[0] == 200
 
 
 def _basic_auth(broker: BrokerProc, path: str) -> tuple[int, bytes]:

@@ -429,6 +429,15 @@ def test_admin_control_auth_and_bad_json(cluster: Cluster) -> None:
         assert code == 400 and b"brokerAddress" in body, bad
     code, body = b.admin("/role", "POST", json.dumps({"role": "KING", "brokerId": 0, "epoch": 1}).encode())
     assert code == 409 and b"role must be" in body
+    # Beyond what Java's long holds (an epoch there could never be passed again): refused, nothing kept.
+    for field, value in (("epoch", 10 ** 30), ("epoch", 1 << 63), ("brokerId", 1 << 63), ("epoch", -1)):
+        code, body = b.admin("/role", "POST", json.dumps({"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1,
+                                                         field: value}).encode())
+        assert code == 400 and f"{field} must be an integer from 0 to 2^63-1".encode() in body, (field, value, body)
+    for path, extra in (("/ha/fence", {}), ("/ha/master", {"haAddress": "127.0.0.1:1"})):
+        code, body = b.admin(path, "POST", json.dumps({**extra, "epoch": 10 ** 30}).encode())
+        assert code == 400 and b"2^63-1" in body, (path, body)
+    assert b.status()["role"] == "SLAVE" and b.status()["epoch"] == 0
     code, body = b.admin("/commitlog?offset=-1&length=5")
     assert code == 400
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,27 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class _ClientErrorFilter(logging.Filter):
+    """aiohttp logs a request it cannot parse (a bad status line, a negative Content-Length) at
+    ERROR with a traceback, before any authentication: one warning line instead, so a peer that
+    sends garbage cannot flood the log with tracebacks. Its answer stays aiohttp's 400."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            said = record.getMessage()
+            record.msg = "%s: malformed HTTP request (%s)"
+            record.args = (said, " ".join(str(exc.message).split())[:200])
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno = logging.WARNING
+            record.levelname = logging.getLevelName(logging.WARNING)
+        return True
+
+
+_CLIENT_ERRORS = _ClientErrorFilter()
 
 
 def load_or_create_token(path: Path) -> str:
@@ -90,7 +112,7 @@ class AdminServer:
             raise ValueError("the admin endpoint needs a bearer token")
         self.host = host
         self.port = port
-        self._token = token
+        self._token = token.encode("utf-8")
         self._registry = registry
         self._status = status
         self._ready = ready
@@ -110,7 +132,9 @@ class AdminServer:
         if request.path not in OPEN_PATHS:
             header = request.headers.get("Authorization", "")
             scheme, _, presented = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), self._token):
+            # As bytes: compare_digest refuses a str with non-ASCII characters (a 500, not a 401).
+            given = presented.strip().encode("utf-8", "surrogateescape")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given, self._token):
                 self.unauthorized += 1
                 return web.Response(status=401, text=json.dumps({"error": "missing or wrong bearer token"}),
                                     content_type="application/json",
@@ -135,6 +159,9 @@ class AdminServer:
         return json_response(self._status())
 
     async def start(self) -> None:
+        server_log = logging.getLogger("aiohttp.server")
+        if _CLIENT_ERRORS not in server_log.filters:
+            server_log.addFilter(_CLIENT_ERRORS)
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
