@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from aiohttp import web
 
@@ -552,7 +552,7 @@ class Broker:
         log.info("broker stopped")
 
 
-def _is_int64(value: object) -> bool:
+def _is_int64(value: object) -> TypeGuard[int]:
     """A JSON integer Java's long holds and no count goes below: epochs and brokerIds (an epoch
     persisted beyond int64 could never be exceeded by another tool, nor shown by one)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63

@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand, decode_frame_payload, encode_frame
+from rmqbroker.store.record import BatchEntry, encode_batch_body
 from tests.conftest import Cluster
 from tests.integration.helpers import message, metric_delta, poll, produce, pull_all, rpc, wait_route
 from tests.support.procs import BrokerProc
@@ -234,6 +236,48 @@ def test_body_over_max_message_size(broker: BrokerProc) -> None:
     # exactly the limit is fine
     resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, send_ext(GOOD_TOPIC), body=b"x" * MAX_MESSAGE_SIZE)
     assert resp.code == ResponseCode.SUCCESS, resp
+
+
+ZLIB_BOMB = zlib.compress(bytes(64 * MAX_MESSAGE_SIZE), 9)  # ~4 KiB inflating to 64 limits
+
+
+@pytest.mark.parametrize(("case", "body"), [
+    ("not zlib", b"not-zlib"),
+    ("cut short", zlib.compress(b"y" * 5000)[:-6]),
+    ("inflates past maxMessageSize", ZLIB_BOMB),
+])
+def test_compressed_body_that_does_not_inflate_is_illegal(broker: BrokerProc, case: str, body: bytes) -> None:
+    """A consumer given a compressed body that does not inflate stalls on its queue (the stock C++
+    one does): refused, as is one that inflates past maxMessageSize (its producer checks that size
+    before compressing), without inflating more than the limit."""
+    with rejected_and_counted(broker, "rmq_send_rejected_total", code=str(int(ResponseCode.MESSAGE_ILLEGAL))):
+        resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, send_ext(GOOD_TOPIC, sysFlag="1"), body=body)
+        assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (case, resp)
+        assert resp.remark and "compressed message body is unusable" in resp.remark
+
+
+def test_compressed_body_that_inflates_is_stored_as_sent(broker: BrokerProc) -> None:
+    body = zlib.compress(b"z" * MAX_MESSAGE_SIZE)  # exactly the limit, inflated
+    resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, send_ext(GOOD_TOPIC, sysFlag="1"), body=body)
+    assert resp.code == ResponseCode.SUCCESS, resp
+    # RocketMQ 5's LZ4/ZSTD bodies (compression type in bits 8-10) are not zlib's to check.
+    resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, send_ext(GOOD_TOPIC, sysFlag=str(1 | 2 << 8)), body=b"zstd?")
+    assert resp.code == ResponseCode.SUCCESS, resp
+
+
+@pytest.mark.parametrize(("case", "sys_flag", "body"), [
+    ("plain, over maxMessageSize", "0", encode_batch_body([BatchEntry(0, bytes(40_000), "") for _ in range(2)])),
+    ("compressed, inflates past maxMessageSize", "1",
+     zlib.compress(encode_batch_body([BatchEntry(0, bytes(60_000), "") for _ in range(40)]), 9)),
+])
+def test_batch_over_max_message_size_is_illegal(broker: BrokerProc, case: str, sys_flag: str, body: bytes) -> None:
+    """Java's checkMessages refuses a batch body over maxMessageSize; a compressed one is inflated
+    no further than that (a few kilobytes of zeros could otherwise hold the loop for minutes)."""
+    with rejected_and_counted(broker, "rmq_send_rejected_total", code=str(int(ResponseCode.MESSAGE_ILLEGAL))):
+        resp = rpc(broker.addr, RequestCode.SEND_MESSAGE, send_ext(GOOD_TOPIC, sysFlag=sys_flag, batch="true"),
+                   body=body)
+        assert resp.code == ResponseCode.MESSAGE_ILLEGAL, (case, resp)
+        assert resp.remark and str(MAX_MESSAGE_SIZE) in resp.remark, resp.remark
 
 
 @pytest.mark.parametrize("topic", ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "OFFSET_MOVED_EVENT"])

@@ -273,3 +273,22 @@ def test_admin_get_namesrv_config(cluster: Cluster, capsys: pytest.CaptureFixtur
     ns2.stop()
     code, _, err = run_admin(capsys, "getNamesrvConfig", "-n", f"{ns1.addr};{ns2.addr}")
     assert code == 1 and ns2.addr in err
+
+
+def test_a_compressed_registration_is_inflated_no_further_than_its_limit(cluster: Cluster) -> None:
+    """A few kilobytes of zlib can inflate to gigabytes: the nameserver stops at MAX_REGISTER_BODY,
+    answers SYSTEM_ERROR with the reason and keeps serving."""
+    import zlib
+
+    from rmqbroker.namesrv.processor import MAX_REGISTER_BODY
+
+    ns = cluster.namesrv()
+    header = {"brokerName": "broker-z", "brokerAddr": "127.0.0.1:1", "clusterName": "ClusterZ", "brokerId": "0",
+              "haServerAddr": "127.0.0.1:2", "compressed": "true"}
+    bomb = zlib.compress(bytes(MAX_REGISTER_BODY + 1), 9)
+    assert len(bomb) < 100_000
+    resp = rpc(ns.addr, RequestCode.REGISTER_BROKER, header, body=bomb, timeout=30)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and f"more than {MAX_REGISTER_BODY} bytes" in (resp.remark or "")
+    resp = rpc(ns.addr, RequestCode.REGISTER_BROKER, header, body=b"not zlib")
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "not a zlib stream" in (resp.remark or "")
+    assert topic_list(ns.addr, RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS) == {"topicList": []}  # still serving

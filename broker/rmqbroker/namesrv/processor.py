@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from rmqbroker.inflate import inflate
 from rmqbroker.metadata.errors import MetadataPersistError
 from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
@@ -36,6 +37,11 @@ UPDATE_CONFIG_REFUSED = (
 def properties_text(props: dict[str, str]) -> str:
     """``key=value`` lines as Java's MixAll.properties2String writes them (keys sorted here)."""
     return "".join(f"{key}={value}\n" for key, value in sorted(props.items()))
+
+
+# What a compressed registration may inflate to: a broker's topics in Java's compact form (about 40
+# bytes each), far more than any broker holds, yet bounded (a few kilobytes of zeros inflate to gigabytes).
+MAX_REGISTER_BODY = 64 * 1024 * 1024
 
 
 class RegisterBodyError(ValueError):
@@ -67,7 +73,7 @@ def decode_register_body(body: bytes, compressed: bool) -> tuple[dict[str, Any] 
         return None, []
     try:
         if compressed:
-            return _decode_compressed(zlib.decompress(body))
+            return _decode_compressed(inflate(body, MAX_REGISTER_BODY))
         obj = fastjson_loads(body.decode("utf-8"))
         wrapper = obj.get("topicConfigSerializeWrapper", obj) if isinstance(obj, dict) else None
         if not isinstance(wrapper, dict):
@@ -77,7 +83,7 @@ def decode_register_body(body: bytes, compressed: bool) -> tuple[dict[str, Any] 
         if not isinstance(table, dict) or (version is not None and not isinstance(version, dict)):
             raise RegisterBodyError("topicConfigTable/dataVersion have the wrong type")
         return version, _topics_from_table(table)
-    except (ValueError, UnicodeDecodeError, zlib.error, struct.error, TypeError) as exc:
+    except (ValueError, UnicodeDecodeError, struct.error, TypeError) as exc:
         if isinstance(exc, RegisterBodyError):
             raise
         raise RegisterBodyError(f"cannot decode register body: {exc}") from exc

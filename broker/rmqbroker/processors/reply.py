@@ -66,8 +66,8 @@ class ReplyMessageProcessor:
         try:
             # Refused as a send would be (a slave, no write permission, a bad topic or queue, an
             # oversized message): before anything reaches the requester.
-            tc = self.send.check_single(topic, queue_id, default_topic, default_nums, body, props_raw, props,
-                                        conn.remote_addr)
+            tc = self.send.check_single(topic, queue_id, default_topic, default_nums, body, sys_flag, props_raw,
+                                        props, conn.remote_addr)
         except SendRejected as exc:
             ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)

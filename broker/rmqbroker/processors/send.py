@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import random
-import zlib
 from collections.abc import Awaitable
 from typing import Final
 
+from rmqbroker.inflate import InflateError, inflate
 from rmqbroker.metadata.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     PERM_READ,
@@ -261,10 +261,18 @@ class SendMessageProcessor:
         if queue_id >= nums:
             raise _illegal_queue(topic, queue_id, nums, nums, remote)
 
-    def _check_body(self, body: bytes) -> None:
-        if len(body) > self._max_message_size:
+    def _check_body(self, body: bytes, sys_flag: int) -> None:
+        max_size = self._max_message_size
+        if len(body) > max_size:
             raise SendRejected(_MESSAGE_ILLEGAL, f"the message body size {len(body)} exceeds the maximum "
-                                                 f"{self._max_message_size}")
+                                                 f"{max_size}")
+        if sys_flag & rec.COMPRESSED and (sys_flag & rec.COMPRESSION_TYPE_MASK) in (0, rec.COMPRESSION_TYPE_ZLIB):
+            # Java stores it unread; a consumer given a body that does not inflate stalls on its
+            # queue (the stock C++ one does), and its producer checked the size before compressing.
+            try:
+                inflate(body, max_size)
+            except InflateError as exc:
+                raise SendRejected(_MESSAGE_ILLEGAL, f"the compressed message body is unusable: {exc}") from exc
 
     def _check_properties(self, topic: str, props_raw: str, props: dict[str, str], props_string: str | None) -> None:
         """Refuse a single message whose properties the store would refuse as too long; the common
@@ -281,11 +289,11 @@ class SendMessageProcessor:
                                                  f"{MAX_PROPERTIES_LENGTH} bytes")
 
     def check_single(self, topic: str, queue_id: int, default_topic: str, default_nums: int, body: bytes,
-                     props_raw: str, props: dict[str, str], remote: str) -> TopicConfig:
+                     sys_flag: int, props_raw: str, props: dict[str, str], remote: str) -> TopicConfig:
         """The checks of a single message's send (SendRejected), then its topic's config (auto-created
         if absent): what another processor storing a producer's message (SEND_REPLY_MESSAGE) shares."""
         self._check_sendable(topic)
-        self._check_body(body)
+        self._check_body(body, sys_flag)
         self._check_properties(topic, props_raw, props, None)
         return self._topic_config(topic, queue_id, default_topic, default_nums, remote)
 
@@ -323,7 +331,7 @@ class SendMessageProcessor:
             if is_batch:
                 body, sys_flag, entries = self._decode_batch(topic, body, sys_flag, props_raw, props)
             else:
-                self._check_body(body)
+                self._check_body(body, sys_flag)
                 # Before the retry lookup, which may auto-create the subscription group: going to
                 # the DLQ only drops a property, so what passes here still passes then.
                 self._check_properties(topic, props_raw, props, props_string)
@@ -402,13 +410,19 @@ class SendMessageProcessor:
         or SendRejected for anything in it the store would refuse."""
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
+        max_size = self._max_message_size
         if sys_flag & rec.COMPRESSED:
-            # C++ compresses a whole batch body of 4 KiB or more; its entries are plain.
+            # C++ compresses a whole batch body of 4 KiB or more; its entries are plain. Its
+            # producer checked the batch's size before compressing it.
             try:
-                body = zlib.decompress(body)
-            except zlib.error as exc:
-                raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"compressed batch body is corrupt: {exc}") from exc
+                body = inflate(body, max_size)
+            except InflateError as exc:
+                raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"compressed batch body is unusable: {exc}") from exc
             sys_flag &= ~rec.COMPRESSED
+        elif len(body) > max_size:
+            # Java's checkMessages: "PutMessages body length too long".
+            raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, f"the batch body size {len(body)} exceeds the maximum "
+                                                             f"{max_size}")
         try:
             entries = rec.decode_batch_body(body)
         except CorruptRecordError as exc:
@@ -419,7 +433,6 @@ class SendMessageProcessor:
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot carry a delay level")
         if sys_flag & rec.TRANSACTION_TYPE_MASK:
             raise SendRejected(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be transactional")
-        max_size = self._max_message_size
         # Each entry is stored with the batch's properties (plus CLUSTER) joined to its own; the
         # joined text is no longer than the two strings and the CLUSTER suffix with a separator.
         batch_chars = len(props_raw) + len(self._cluster_suffix) + 1

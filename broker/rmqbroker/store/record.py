@@ -37,6 +37,9 @@ END_FILE_MIN_BLANK_LENGTH: Final = 8
 
 # -- SYSFLAG bits (§3.2) --------------------------------------------------------------------------
 COMPRESSED: Final = 0x1
+# RocketMQ 5's compression type in bits 8-10 of a compressed message (0 before 5: zlib).
+COMPRESSION_TYPE_MASK: Final = 0x7 << 8
+COMPRESSION_TYPE_ZLIB: Final = 0x3 << 8
 MULTI_TAGS: Final = 0x2
 TRANSACTION_NOT_TYPE: Final = 0x0
 TRANSACTION_PREPARED_TYPE: Final = 0x4
