@@ -113,7 +113,8 @@ class Broker:
         self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
                                  self.clients, register_now=self.request_register)
         self.tls = settings.tls_settings()
-        self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker", tls=self.tls)
+        self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker", tls=self.tls,
+                                     idle_seconds=settings.serverChannelMaxIdleTimeSeconds)
         self.transactions = TransactionService(self.ctx)
         self.send = SendMessageProcessor(
             self.ctx, None if settings.rejectTransactionMessage else self.transactions)
@@ -369,7 +370,8 @@ class Broker:
         port = settings.fast_port
         if not port:
             return None
-        fast = RemotingServer(settings.listenHost, port, name="broker VIP channel", stats=main.stats, tls=main.tls)
+        fast = RemotingServer(settings.listenHost, port, name="broker VIP channel", stats=main.stats, tls=main.tls,
+                              idle_seconds=main.idle_seconds)
         fast.latency = main.latency
         fast.handlers = {code: h for code, h in main.handlers.items() if code != RequestCode.PULL_MESSAGE}
         return fast

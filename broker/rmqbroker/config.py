@@ -107,6 +107,9 @@ class BrokerSettings:
     statsSamplingInterval: int = field(default=10000, metadata=_key("statsSamplingInterval"))
     notifyConsumerIdsChangedEnable: bool = field(default=True, metadata=_key("notifyConsumerIdsChangedEnable"))
     clientChannelExpiredMillis: int = field(default=120000, metadata=_key("clientChannelExpiredMillis"))
+    # Java's NettyServerConfig key: a remoting connection with no frame either way this long is
+    # closed (clients heartbeat every 30 s); 0 never closes one.
+    serverChannelMaxIdleTimeSeconds: int = field(default=120, metadata=_key("serverChannelMaxIdleTimeSeconds"))
     haSendHeartbeatInterval: int = field(default=5000, metadata=_key("haSendHeartbeatInterval"))
     haHousekeepingInterval: int = field(default=20000, metadata=_key("haHousekeepingInterval"))
     # Larger than Java's 32 KiB: per-frame costs dominate replication throughput in Python.
@@ -367,6 +370,8 @@ def _validate(s: BrokerSettings) -> None:
             raise ConfigError(f"{key}: must be a positive number of milliseconds")
     if s.shortPollingTimeMills < 0:
         raise ConfigError("shortPollingTimeMills: must not be negative (milliseconds)")
+    if s.serverChannelMaxIdleTimeSeconds < 0:
+        raise ConfigError("serverChannelMaxIdleTimeSeconds: must not be negative (0: never close an idle connection)")
     if s.maxHashSlotNum <= 0:
         raise ConfigError("maxHashSlotNum: must be positive")
     if s.maxIndexNum <= 1:

@@ -296,3 +296,41 @@ def test_stock_client_works_after_bad_input(env: dict[str, Any], shared_cluster:
     assert all(r is not None and r["status"] == 0 for r in results)
     wait_route(ns.addr, "AfterBadInput")
     assert sorted(m["body"] for m in pull_all(ns.addr, "AfterBadInput")) == sorted(s["body"] for s in sent)
+
+
+def test_idle_and_stalled_connections_are_closed_and_counted(cluster: Cluster) -> None:
+    """serverChannelMaxIdleTimeSeconds (Java's, default 120 s; 2 s here): a peer that stops half way
+    through a frame, holding its buffered bytes, is closed and counted as a stalled frame; one that
+    sends nothing, or nothing more, is closed as idle; one that keeps sending requests is left alone. The nameserver
+    does the same."""
+    broker = cluster.broker(None, serverChannelMaxIdleTimeSeconds=2)
+    before = broker.metrics()
+    stalled, silent, quiet, busy = connect(broker), connect(broker), connect(broker), connect(broker)
+    frame = raw_frame({"code": int(RequestCode.GET_BROKER_RUNTIME_INFO), "flag": 0, "opaque": 1, "language": "JAVA",
+                       "version": 409, "extFields": {}}, body=b"b" * 100_000)
+    stalled.sendall(frame[:50_000])
+    quiet.sendall(frame)  # one request answered, then nothing
+    assert read_response(quiet).code == ResponseCode.SUCCESS
+    started = time.monotonic()
+    for i in range(8):  # 4 s of a request every 0.5 s: never quiet for 2 s
+        busy.sendall(raw_frame({"code": int(RequestCode.GET_BROKER_RUNTIME_INFO), "flag": 0, "opaque": 10 + i,
+                                "language": "JAVA", "version": 409, "extFields": {}}))
+        assert read_response(busy).code == ResponseCode.SUCCESS
+        time.sleep(0.5)
+    assert all(closed_by_peer(s, timeout=0.1) for s in (stalled, silent, quiet))
+    assert time.monotonic() - started < 8
+    busy.sendall(raw_frame({"code": int(RequestCode.GET_BROKER_RUNTIME_INFO), "flag": 0, "opaque": 99,
+                            "language": "JAVA", "version": 409, "extFields": {}}))
+    assert read_response(busy).code == ResponseCode.SUCCESS
+    busy.close()
+    after = broker.metrics()
+    assert metric_delta(before, after, "rmq_malformed_frames_total", reason="stalled") == 1
+    assert metric_delta(before, after, "rmq_remoting_idle_closed_total") == 2  # silent and quiet
+    assert "malformed frame (stalled: no complete frame for 2s, 50000 bytes of one pending)" in broker.log_text()
+
+    ns = cluster.namesrv(extra_args=["--server-channel-max-idle-seconds", "1"])
+    host, port = ns.addr.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(frame[:1000])
+        assert closed_by_peer(s, timeout=5)
+    assert "serverChannelMaxIdleTimeSeconds=1" in bytes(rpc(ns.addr, RequestCode.GET_NAMESRV_CONFIG).body).decode()

@@ -62,9 +62,11 @@ class BrokerCollector(Collector):
         yield bad
         malformed = CounterMetricFamily("rmq_malformed_frames", "Malformed frames (connection closed)",
                                         labels=[*names, "reason"])
-        for reason in ("bad_length", "bad_header", "truncated", "tls_not_enabled"):
+        for reason in ("bad_length", "bad_header", "truncated", "stalled", "tls_not_enabled"):
             malformed.add_metric([*values, reason], r.malformed_frames.get(reason, 0))
         yield malformed
+        yield counter("rmq_remoting_idle_closed", "Connections closed after serverChannelMaxIdleTimeSeconds "
+                      "without a frame either way", r.idle_closed)
         yield counter("rmq_remoting_tls_connections", "Connections served over TLS", r.tls_connections)
         refused = CounterMetricFamily("rmq_remoting_tls_refused",
                                       "Connections closed before their first frame: plain ones on a TLS-enforcing "

@@ -14,7 +14,7 @@ from rmqbroker.namesrv.kvconfig import DEFAULT_PATH, KVConfigStore
 from rmqbroker.namesrv.processor import NamesrvProcessor
 from rmqbroker.namesrv.routeinfo import RouteInfoManager
 from rmqbroker.remoting.client import split_addr
-from rmqbroker.remoting.server import RemotingServer
+from rmqbroker.remoting.server import IDLE_SECONDS, RemotingServer
 from rmqbroker.remoting.tls import DEFAULT_CONFIG_FILE as DEFAULT_TLS_FILE
 from rmqbroker.remoting.tls import MODES, TlsSettings
 from rmqbroker.remoting.tls import load_settings as load_tls_settings
@@ -32,11 +32,12 @@ class Namesrv:
 
     def __init__(self, host: str, port: int, broker_expiry_seconds: float = 120.0,
                  scan_interval_seconds: float = 10.0, kv: KVConfigStore | None = None,
-                 order_message_enable: bool = False, tls: TlsSettings | None = None) -> None:
+                 order_message_enable: bool = False, tls: TlsSettings | None = None,
+                 idle_seconds: float = IDLE_SECONDS) -> None:
         self.routes = RouteInfoManager()
         self.kv = kv if kv is not None else KVConfigStore(None)
         self.tls = tls
-        self.server = RemotingServer(host, port, name="namesrv", tls=tls)
+        self.server = RemotingServer(host, port, name="namesrv", tls=tls, idle_seconds=idle_seconds)
         self.host = host
         self.order_message_enable = order_message_enable
         NamesrvProcessor(self.routes, self.kv, order_message_enable, self.config_properties).register(self.server)
@@ -54,6 +55,7 @@ class Namesrv:
             "orderMessageEnable": "true" if self.order_message_enable else "false",
             "brokerExpirySeconds": _number(self.broker_expiry_seconds),
             "scanIntervalSeconds": _number(self.scan_interval_seconds),
+            "serverChannelMaxIdleTimeSeconds": _number(self.server.idle_seconds),
         }
         if self.kv.path is not None:
             props["kvConfigPath"] = str(self.kv.path)
@@ -105,8 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls-config-file", default=os.environ.get("RMQ_NAMESRV_TLS_CONFIG_FILE", DEFAULT_TLS_FILE),
                         help="RocketMQ's tls.properties: certificates, client authentication, test mode (env "
                              f"RMQ_NAMESRV_TLS_CONFIG_FILE, default {DEFAULT_TLS_FILE}, read when it exists)")
+    parser.add_argument("--server-channel-max-idle-seconds", type=float,
+                        default=float(os.environ.get("RMQ_NAMESRV_SERVER_CHANNEL_MAX_IDLE_SECONDS", str(IDLE_SECONDS))),
+                        help="close a connection with no frame either way for this long, Java's "
+                             "serverChannelMaxIdleTimeSeconds (env RMQ_NAMESRV_SERVER_CHANNEL_MAX_IDLE_SECONDS, "
+                             "default 120; 0: never)")
     parser.add_argument("--log-level", default=os.environ.get("RMQ_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    if args.server_channel_max_idle_seconds < 0:
+        parser.error("--server-channel-max-idle-seconds must not be negative")
     setup_logging(args.log_level)
     raise_fd_limit()
     try:
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run(stop: asyncio.Event) -> None:
         ns = Namesrv(host, port, args.broker_expiry_seconds, args.scan_interval_seconds, kv,
-                     args.order_message_enable, tls)
+                     args.order_message_enable, tls, args.server_channel_max_idle_seconds)
         await ns.start()
         print(f"rmq-namesrv listening on {host}:{ns.server.port}", flush=True)
         await stop.wait()

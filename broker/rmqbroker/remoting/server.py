@@ -27,10 +27,13 @@ from rmqbroker.remoting.frame import (
     encode_header,
 )
 from rmqbroker.remoting.latency import RequestLatency
-from rmqbroker.remoting.tls import HANDSHAKE_RECORD, SniffingListener, TlsSettings
+from rmqbroker.remoting.tls import HANDSHAKE_RECORD, SNIFF_TIMEOUT, SniffingListener, TlsSettings
 from rmqbroker.remoting.wire import BadRequestError, HeaderError
 
 log = logging.getLogger(__name__)
+
+# Java's serverChannelMaxIdleTimeSeconds: a connection with no frame either way this long is closed.
+IDLE_SECONDS = 120.0
 
 # A handler answers at once (a command, a complete pre-encoded response frame as ``bytes``, or
 # None for no answer now) or returns an awaitable that produces the answer; only the latter
@@ -108,6 +111,8 @@ class RemotingStats:
     header_errors: int = 0
     bad_requests: dict[int, int] = field(default_factory=dict)  # other BadRequestErrors, by request code
     tls_connections: int = 0
+    # Connections closed for carrying no frame either way for the idle timeout (none pending).
+    idle_closed: int = 0
     # Connections refused before any frame: plain ones in enforcing mode, failed TLS handshakes.
     tls_refused: dict[str, int] = field(default_factory=dict)
 
@@ -119,6 +124,9 @@ class RemotingStats:
 
     def tls_connection(self) -> None:
         self.tls_connections += 1
+
+    def idle_one(self) -> None:
+        self.idle_closed += 1
 
     def bad_request(self, code: int) -> None:
         self.bad_requests[code] = self.bad_requests.get(code, 0) + 1
@@ -141,6 +149,10 @@ class Connection(asyncio.Protocol):
         self._close_callbacks: list[Callable[[Connection], None]] = []
         # Requests sent to the peer that wait for its response, by opaque.
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        # Frames read and bursts written: the idle sweep closes a connection on which it stays put.
+        self.activity = 0
+        self._seen_activity = 0
+        self._quiet_since = 0.0
 
     # -- asyncio.Protocol --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -153,6 +165,7 @@ class Connection(asyncio.Protocol):
         stats = self.server.stats
         stats.connections_total += 1
         stats.connections_open += 1
+        self._quiet_since = time.monotonic()
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -227,6 +240,7 @@ class Connection(asyncio.Protocol):
 
     # -- dispatch --
     def _dispatch(self, cmd: RemotingCommand) -> None:
+        self.activity += 1
         if cmd.is_response:
             # The answer to a request this server sent the peer (see invoke); others are ignored.
             fut = self._pending.pop(cmd.opaque, None)
@@ -340,6 +354,7 @@ class Connection(asyncio.Protocol):
         if not out:
             return
         self._out = []
+        self.activity += 1
         transport = self.transport
         if transport is not None and not transport.is_closing():
             if len(out) == 1:
@@ -382,13 +397,35 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def close_if_idle(self, now: float, idle_seconds: float) -> None:
+        """Close the connection when no frame went either way for ``idle_seconds`` (Java's
+        serverChannelMaxIdleTimeSeconds): clients send a heartbeat every 30 s, so only a dead or
+        stalled peer is that quiet, one half way through a frame holding up to 16 MiB buffered."""
+        if self.activity != self._seen_activity:
+            self._seen_activity = self.activity
+            self._quiet_since = now
+            return
+        if now - self._quiet_since < idle_seconds or self.closed:
+            return
+        if self._buf:
+            self._malformed("stalled", f"no complete frame for {idle_seconds:g}s, {len(self._buf)} bytes of "
+                                       "one pending")
+            return
+        self.server.stats.idle_one()
+        log.info("closing %s: no frame either way for %gs", self.remote_addr, idle_seconds)
+        self.close()
+
 
 class RemotingServer:
     """A listener whose requests are dispatched to handlers registered per request code."""
 
     def __init__(self, host: str, port: int, *, name: str = "remoting",
-                 stats: RemotingStats | None = None, tls: TlsSettings | None = None) -> None:
+                 stats: RemotingStats | None = None, tls: TlsSettings | None = None,
+                 idle_seconds: float = IDLE_SECONDS) -> None:
         self.host = host
+        # 0: connections are never closed for being idle.
+        self.idle_seconds = idle_seconds
+        self._sweeper: asyncio.TimerHandle | None = None
         self.port = port
         self.name = name
         # None or mode "disabled": plain connections only, accepted by the loop itself.
@@ -424,13 +461,23 @@ class RemotingServer:
         for conn in dirty:
             conn._flush_out()
 
+    def _sweep(self) -> None:
+        """Close the connections that were idle for ``idle_seconds``; again a quarter of it later."""
+        now = time.monotonic()
+        for conn in list(self.connections):
+            conn.close_if_idle(now, self.idle_seconds)
+        if self._loop is not None:
+            self._sweeper = self._loop.call_later(self.idle_seconds / 4, self._sweep)
+
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
+        if self.idle_seconds > 0:
+            self._sweeper = loop.call_later(self.idle_seconds / 4, self._sweep)
         tls = self.tls
         if tls is not None and tls.server_mode != "disabled":
             stats = self.stats
             listener = SniffingListener(tls, lambda: Connection(self), self.name, stats.tls_refused_one,
-                                        stats.tls_connection)
+                                        stats.tls_connection, self.idle_seconds or SNIFF_TIMEOUT, stats.idle_one)
             self.port = await listener.start(self.host, self.port)
             self._listener = listener
             log.info("%s listening on %s:%d (TLS %s)", self.name, self.host, self.port, tls.server_mode)
@@ -444,6 +491,9 @@ class RemotingServer:
         log.info("%s listening on %s:%d", self.name, self.host, self.port)
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         listener = self._listener
         if listener is not None:
             self._listener = None

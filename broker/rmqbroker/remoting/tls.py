@@ -329,8 +329,12 @@ class SniffingListener:
     """
 
     def __init__(self, settings: TlsSettings, factory: Callable[[], asyncio.Protocol], name: str,
-                 on_rejected: Callable[[str], None], on_tls: Callable[[], None]) -> None:
+                 on_rejected: Callable[[str], None], on_tls: Callable[[], None],
+                 sniff_timeout: float = SNIFF_TIMEOUT, on_idle: Callable[[], None] | None = None) -> None:
         self.settings = settings
+        # How long a connection may stay without its first byte (the server's idle timeout).
+        self.sniff_timeout = sniff_timeout
+        self.on_idle = on_idle
         self.factory = factory
         self.name = name
         # Called with a reason ("plaintext", "handshake") for each connection refused here, and
@@ -383,13 +387,15 @@ class SniffingListener:
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         conn.setblocking(False)
         try:
-            first = await asyncio.wait_for(_peek(conn), SNIFF_TIMEOUT)
+            first = await asyncio.wait_for(_peek(conn), self.sniff_timeout)
         except asyncio.CancelledError:
             conn.close()  # the server is stopping
             raise
         except (TimeoutError, OSError) as exc:
             log.info("%s: %s sent nothing it could be served on (%s); closed", self.name, peer, exc or "timeout")
             conn.close()
+            if isinstance(exc, TimeoutError) and self.on_idle is not None:
+                self.on_idle()
             return
         if not first:
             conn.close()  # connected and left without a byte (a TCP probe)
