@@ -82,6 +82,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -306,10 +307,10 @@ class FrameTemplate:
     qids: list[bytes]
 
     @classmethod
-    def build(cls, group: str, topic: str, queues: int) -> FrameTemplate:
+    def build(cls, group: str, topic: str, queues: int, sys_flag: int = 0) -> FrameTemplate:
         # Java 4.9.x SendMessageRequestHeaderV2 as fastjson writes it (all values strings, keys sorted).
         props = "UNIQ_KEY\x017F000001A1B2C3D4E5F60000000000000000\x02WAIT\x01true\x02TAGS\x01TagA"
-        ext = {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "@QID@", "f": "0", "g": "@BORN@",
+        ext = {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "@QID@", "f": str(sys_flag), "g": "@BORN@",
                "h": "0", "i": props, "j": "0", "k": "false", "m": "false"}
         obj = {"code": SEND_MESSAGE_V2, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": "@OPQ@",
                "serializeTypeCurrentRPC": "JSON", "version": JAVA_VERSION}
@@ -335,6 +336,7 @@ class WorkerConfig:
     home: str
     cpu: int | None
     tls: bool = False
+    sys_flag: int = 0
 
 
 @dataclass
@@ -511,7 +513,7 @@ async def _lean_main(pipe: Connection, cfg: WorkerConfig) -> WorkerResult:
     loop = asyncio.get_running_loop()
     result = WorkerResult(pid=os.getpid())
     host, port = cfg.broker_addr.rsplit(":", 1)
-    tmpl = FrameTemplate.build(f"BENCH_PG_{cfg.index}", cfg.topic, cfg.queues)
+    tmpl = FrameTemplate.build(f"BENCH_PG_{cfg.index}", cfg.topic, cfg.queues, cfg.sys_flag)
     st = LeanState(result, 0, 0)
     ssl_context = None
     if cfg.tls:
@@ -730,6 +732,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         create_topic(broker_addr, ns_addr, args.topic, args.queues)
 
         body = make_body(args.size)
+        if args.compressed:
+            # As a producer compresses a body over 4 KiB: zlib, sysFlag bit 0 (the broker checks it inflates).
+            body = zlib.compress(body, 5)
         nproc = max(1, min(args.gen_procs, args.producers))
         ctx = mp.get_context("spawn")
         target = lean_worker if args.client == "lean" else cpp_worker
@@ -740,7 +745,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu = (1 + i % (ncpu - 1)) if args.pin and ncpu >= 2 else None
             cfg = WorkerConfig(i, args.client, broker_addr, ns_addr, args.topic, args.queues, share,
                                args.window, args.burst or max(1, args.window // 2), body, str(home), cpu,
-                               tls=args.tls)
+                               tls=args.tls, sys_flag=1 if args.compressed else 0)
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=target, args=(child_end, cfg), daemon=True, name=f"gen-{i}")
             proc.start()
@@ -950,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024, help="message body bytes")
     ap.add_argument("--flush", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default="ASYNC_FLUSH")
     ap.add_argument("--client", choices=("lean", "cpp"), default="lean")
+    ap.add_argument("--compressed", action="store_true",
+                    help="lean: send the --size body zlib-compressed (sysFlag 1), as producers send bodies over 4 KiB")
     ap.add_argument("--tls", action="store_true",
                     help="lean: connect over TLS (the broker's default permissive mode, self-signed certificate)")
     ap.add_argument("--window", type=int, default=32, help="lean: requests in flight per producer connection")
