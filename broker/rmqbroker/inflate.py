@@ -1,6 +1,7 @@
-"""Bounded zlib inflation of bodies a peer sends compressed: message and batch bodies, a broker's
-registration. A small deflate stream can expand a thousandfold, so a body is inflated only up to
-the size its receiver accepts, and one that does not end within that size is refused.
+"""zlib bodies a peer sends compressed: bounded inflation of batch bodies and a broker's
+registration (a small deflate stream can expand a thousandfold, so a body is inflated only up to
+the size its receiver accepts, and one that does not end within that size is refused), and the
+cheap header check of a compressed message body the broker stores without inflating it.
 """
 
 from __future__ import annotations
@@ -32,3 +33,12 @@ def inflate(data: bytes, limit: int) -> bytes:
     if not d.eof:
         raise InflateError("the zlib stream is cut short")
     return out
+
+
+def looks_like_zlib(data: bytes) -> bool:
+    """Whether ``data`` starts as a zlib stream (RFC 1950): deflate with a window of at most 32 KiB,
+    a valid header check, no preset dictionary, and room for the smallest whole stream (8 bytes)."""
+    if len(data) < 8:
+        return False
+    cmf, flg = data[0], data[1]
+    return cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf << 8 | flg) % 31 == 0 and not flg & 0x20

@@ -11,7 +11,7 @@ import random
 from collections.abc import Awaitable
 from typing import Final
 
-from rmqbroker.inflate import InflateError, inflate
+from rmqbroker.inflate import InflateError, inflate, looks_like_zlib
 from rmqbroker.metadata.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     PERM_READ,
@@ -266,13 +266,12 @@ class SendMessageProcessor:
         if len(body) > max_size:
             raise SendRejected(_MESSAGE_ILLEGAL, f"the message body size {len(body)} exceeds the maximum "
                                                  f"{max_size}")
-        if sys_flag & rec.COMPRESSED and (sys_flag & rec.COMPRESSION_TYPE_MASK) in (0, rec.COMPRESSION_TYPE_ZLIB):
-            # Java stores it unread; a consumer given a body that does not inflate stalls on its
-            # queue (the stock C++ one does), and its producer checked the size before compressing.
-            try:
-                inflate(body, max_size)
-            except InflateError as exc:
-                raise SendRejected(_MESSAGE_ILLEGAL, f"the compressed message body is unusable: {exc}") from exc
+        if (sys_flag & rec.COMPRESSED and (sys_flag & rec.COMPRESSION_TYPE_MASK) in (0, rec.COMPRESSION_TYPE_ZLIB)
+                and not looks_like_zlib(body)):
+            # A consumer given a body that does not inflate stalls on its queue (the stock C++ one
+            # does). Only the header is checked: inflating every compressed body (4 KiB and up)
+            # cost a 16 KiB send half as much again; Java checks nothing.
+            raise SendRejected(_MESSAGE_ILLEGAL, "the message is flagged compressed, but its body is not a zlib stream")
 
     def _check_properties(self, topic: str, props_raw: str, props: dict[str, str], props_string: str | None) -> None:
         """Refuse a single message whose properties the store would refuse as too long; the common
