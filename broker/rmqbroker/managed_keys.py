@@ -8,7 +8,8 @@ group alike, giving e.g. two masters, one listen port or one store directory for
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
 MANAGED_KEYS: frozenset[str] = frozenset({
     "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress",
@@ -20,3 +21,21 @@ MANAGED_KEYS: frozenset[str] = frozenset({
 def managed_keys_in(keys: Iterable[str]) -> list[str]:
     """The managed keys among ``keys``, sorted (so error messages are stable)."""
     return sorted(k for k in keys if k in MANAGED_KEYS)
+
+
+# A broker.conf key as RocketMQ names them (camelCase, dotted for a few): nothing the properties
+# parser would split, so that "brokerId " (a trailing space) cannot stand for "brokerId".
+_KEY = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def unsafe_entries(config: Mapping[str, str]) -> list[str]:
+    """What in ``config`` would not render as its own one line of broker.conf: a key outside
+    RocketMQ's key characters, or a value with a line break (``"T\\nbrokerId=0"`` would set a
+    managed key on every broker past the check of key names). One problem each, sorted."""
+    out = []
+    for key, value in sorted(config.items()):
+        if not _KEY.fullmatch(key):
+            out.append(f"key {key!r} is not a broker.conf key (letters, digits, '.', '_', '-')")
+        elif "".join(value.splitlines()) != value:
+            out.append(f"{key}: the value may not contain a line break")
+    return out

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rmqbroker.ha.election import FailoverSpec
-from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in
+from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in, unsafe_entries
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,9 @@ def problems(spec: GroupSpec) -> list[str]:
     reserved = managed_keys_in(spec.broker_config)
     if reserved:
         out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
-    if not reserved:
+    unsafe = unsafe_entries(spec.broker_config)
+    out.extend(f"spec.brokerConfig: {problem}" for problem in unsafe)
+    if not reserved and not unsafe:
         # Bad nameserver addresses are reported above against their own field: judge brokerConfig
         # with managed nameservers so that namesrvAddr is not blamed on it a second time.
         out.extend(_broker_config_problems(replace(spec, name_server=NameServerSpec()) if name_server else spec))

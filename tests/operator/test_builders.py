@@ -263,6 +263,12 @@ def test_config_hash_tracks_what_needs_a_restart() -> None:
     ({"brokerConfig": {"listenPort": "1", "namesrvAddr": "x:1"}}, "listenPort, namesrvAddr"),
     ({"brokerConfig": {"defaultTopicQueueNums": "many"}}, "defaultTopicQueueNums"),
     ({"brokerConfig": {"mappedFileSizeConsumeQueue": "7"}}, "multiple of 20"),
+    # A line break or a near-miss key would set a managed key past the check of key names.
+    ({"brokerConfig": {"msgTraceTopicName": "T\nbrokerId=0\nbrokerRole=ASYNC_MASTER"}},
+     "spec.brokerConfig: msgTraceTopicName: the value may not contain a line break"),
+    ({"brokerConfig": {"x": "a\u2028brokerId=0"}}, "x: the value may not contain a line break"),
+    ({"brokerConfig": {"brokerId ": "0"}}, "key 'brokerId ' is not a broker.conf key"),
+    ({"brokerConfig": {"namesrvAddr\t": "evil:9876"}}, "is not a broker.conf key"),
     ({"ports": {"listen": 10911, "ha": 10911}}, "must differ"),
     ({"ports": {"listen": 10911, "admin": 10909}}, "must differ"),
     ({"ports": {"listen": 2}}, "above 2"),

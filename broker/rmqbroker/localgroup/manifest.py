@@ -18,7 +18,7 @@ import yaml
 
 from rmqbroker.config import ACL_FILE_NAME
 from rmqbroker.ha.election import FailoverSpec
-from rmqbroker.managed_keys import managed_keys_in
+from rmqbroker.managed_keys import managed_keys_in, unsafe_entries
 from rmqbroker.metadata.jsonfile import atomic_write
 from rmqbroker.remoting import tls as tls_conf
 
@@ -243,6 +243,9 @@ def parse_group(doc: dict[str, Any], secrets: Secrets | None = None) -> GroupSpe
     managed = managed_keys_in(str(k) for k in extra)
     if managed:
         raise ManifestError(f"spec.brokerConfig may not set keys rmq-local manages: {', '.join(managed)}")
+    unsafe = unsafe_entries({str(k): v for k, v in extra.items()})
+    if unsafe:
+        raise ManifestError(f"spec.brokerConfig: {'; '.join(unsafe)}")
     return GroupSpec(
         name=str(meta["name"]),
         cluster_name=str(spec.get("clusterName", "DefaultCluster")),

@@ -178,3 +178,14 @@ def test_a_store_some_process_holds_is_found(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert _stores_in_use([g]) == []
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ("{msgTraceTopicName: \"T\\nbrokerId=0\"}", "msgTraceTopicName: the value may not contain a line break"),
+    ("{'brokerRole ': ASYNC_MASTER}", "key 'brokerRole ' is not a broker.conf key"),
+])
+def test_broker_config_that_would_not_render_as_one_line_is_refused(tmp_path: Path, config: str, message: str) -> None:
+    path = tmp_path / "bg.yaml"
+    path.write_text(f"kind: BrokerGroup\nmetadata: {{name: x}}\nspec: {{brokerConfig: {config}}}\n")
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(path)
