@@ -227,14 +227,18 @@ class KubeApi:
                 if live is None:
                     raise
         patch = desired_patch(obj)
+        # A merge patch only adds and replaces keys: the ones no longer wanted are dropped explicitly.
         stale: Obj = {}
         if isinstance(patch.get("data"), dict):
-            # A merge patch only adds and replaces keys: drop the ones no longer wanted explicitly.
             stale = {k: None for k in (live.get("data") or {}) if k not in patch["data"]}
-        if not stale and is_subset(patch, live):
+        pod_stale = stale_pod_fields(obj, live)
+        if not stale and not pod_stale and is_subset(patch, live):
             return "unchanged"
         if stale:
             patch["data"] = {**patch["data"], **stale}
+        if pod_stale:
+            template = patch["spec"]["template"]
+            template["spec"] = _merged(template["spec"], pod_stale)
         await self.patch(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], patch)
         return "patched"
 
@@ -285,6 +289,47 @@ class KubeApi:
             await self.create(event)
         except ApiError as exc:
             log.warning("event %s for %s not posted: %s", reason, meta.get("name"), exc)
+
+
+# Pod-spec fields a StatefulSet template gets from spec.scheduling and spec.imagePullSecrets, and
+# has without them when they are unset: removed from the live template when the spec drops them.
+OWNED_POD_FIELDS = ("affinity", "nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets")
+
+
+def deletions(want: Mapping[str, Any], have: Mapping[str, Any]) -> Obj:
+    """The merge-patch nulls that remove from ``have`` every key ``want`` does not hold, at any depth
+    of nested maps (lists are replaced whole by a merge patch)."""
+    out: Obj = {}
+    for key, value in have.items():
+        if key not in want:
+            out[key] = None
+        elif isinstance(value, Mapping) and isinstance(want[key], Mapping):
+            sub = deletions(want[key], value)
+            if sub:
+                out[key] = sub
+    return out
+
+
+def stale_pod_fields(obj: Obj, live: Obj) -> Obj:
+    """For a StatefulSet: the nulls that drop scheduling fields the spec no longer sets from the
+    live pod template (e.g. a required anti-affinity left beside a preferred one)."""
+    if obj["kind"] != "StatefulSet":
+        return {}
+    want = obj["spec"]["template"]["spec"]
+    have = ((live.get("spec") or {}).get("template") or {}).get("spec") or {}
+    owned_want = {k: want[k] for k in OWNED_POD_FIELDS if k in want}
+    owned_have = {k: have[k] for k in OWNED_POD_FIELDS if k in have}
+    return deletions(owned_want, owned_have)
+
+
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Obj:
+    out: Obj = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def desired_patch(obj: Obj) -> Obj:

@@ -152,6 +152,25 @@ def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
     assert sts is not None and sts["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "mq"}
     wait_ready(h, in_sync=3)
 
+    # Fields the spec no longer sets leave the live templates too (a merge patch alone keeps them):
+    # the node selector and tolerations go, and Required anti-affinity replaces Preferred.
+    h.client.patch_group(NAME, {"spec": {"scheduling": {"podAntiAffinity": "Required", "nodeSelector": None,
+                                                        "tolerations": None}}})
+
+    def templates_follow() -> bool:
+        for name in (NAME, f"{NAME}-namesrv"):
+            sts = h.client.get("apps/v1", "statefulsets", name)
+            pod = (sts or {}).get("spec", {}).get("template", {}).get("spec", {})
+            if "nodeSelector" in pod or "tolerations" in pod:
+                return False
+            anti = pod.get("affinity", {}).get("podAntiAffinity", {})
+            if list(anti) != ["requiredDuringSchedulingIgnoredDuringExecution"]:
+                return False
+        return True
+
+    wait_for(templates_follow, 30, "scheduling fields dropped from both StatefulSet templates")
+    wait_ready(h, in_sync=3)
+
 
 def test_invalid_specs_reported_without_touching_children(harness: OperatorHarness,
                                                           fake_pods: tuple[PodRunner, FakeBackend]) -> None:
