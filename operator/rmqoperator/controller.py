@@ -156,6 +156,17 @@ class GroupController:
             try:
                 await self._apply(spec)
             except ApiError as exc:
+                if exc.status in (400, 422):
+                    # The API server refused a child built from this spec (a quantity, a class name
+                    # or a scheduling term it validates): reported like an invalid spec, not
+                    # retried as if the server were away, and never shown as applied.
+                    message = f"the API server refused a child of this spec: {exc.message}"
+                    if self.invalid != message:
+                        await self._event("Warning", "InvalidSpec", message)
+                    self.invalid = message
+                    metrics.RECONCILES.labels(self.namespace, self.name, "invalid").inc()
+                    await self._write_status(self.spec or spec)
+                    return
                 metrics.RECONCILES.labels(self.namespace, self.name, "error").inc()
                 raise TemporaryFailure(str(exc)) from exc
             metrics.RECONCILES.labels(self.namespace, self.name, "ok").inc()

@@ -42,6 +42,8 @@ BROKER_NAME_RE = re.compile(r"^[a-zA-Z0-9_%|-]+$")
 # StatefulSet pods get a controller-revision-hash label "<sts>-<10 chars>" (63 max) and the
 # nameserver StatefulSet is "<name>-namesrv": 40 leaves room for both.
 MAX_NAME_LENGTH = 40
+# The group's name names its Services, which must be DNS-1035 labels (a letter first, no dots).
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 class SpecError(ValueError):
@@ -320,9 +322,11 @@ def problems(spec: GroupSpec) -> list[str]:
     out: list[str] = _metadata_problems(spec)
     if len(spec.name) > MAX_NAME_LENGTH:
         out.append(f"metadata.name must be at most {MAX_NAME_LENGTH} characters")
+    if not _DNS_1035.match(spec.name):
+        out.append(f"metadata.name {spec.name!r} must start with a letter and hold only lowercase letters, digits "
+                   "and '-' (it names the group's Services)")
     if not BROKER_NAME_RE.match(spec.broker_name):
-        out.append(f"brokerName {spec.broker_name!r} has characters outside [a-zA-Z0-9_%|-] "
-                   "(set spec.brokerName when metadata.name contains dots)")
+        out.append(f"brokerName {spec.broker_name!r} has characters outside [a-zA-Z0-9_%|-]")
     if not 1 <= spec.replicas <= 5:
         out.append("spec.replicas must be from 1 to 5")
     if spec.replication not in ("SYNC", "ASYNC"):

@@ -22,6 +22,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -69,6 +70,25 @@ def _merge_diff(old: Any, new: Any) -> Any:
     return out
 
 
+# The API server's syntax of a resource quantity (k8s.io/apimachinery resource.Quantity), as it
+# validates container resources: the one field check emulated here, for the operator's 422 path.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+
+
+def _invalid_quantities(obj: Any) -> list[str]:
+    if not isinstance(obj, dict) or obj.get("kind") != "StatefulSet":
+        return []
+    pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    bad = []
+    for c in pod.get("containers") or []:
+        for part in ("requests", "limits"):
+            for name, value in ((c.get("resources") or {}).get(part) or {}).items():
+                if not _QUANTITY.match(str(value)):
+                    bad.append(f"spec.template.spec.containers[{c.get('name')}].resources.{part}[{name}]: "
+                               f"Invalid value: {value!r}: quantities must match the regular expression")
+    return bad
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator with the API-server bookkeeping kopf relies on."""
@@ -109,6 +129,9 @@ class Emulator(kmock.KubernetesEmulator):
             meta["namespace"] = request.namespace
         if self._has_status(request):
             data.pop("status", None)
+        bad = _invalid_quantities(data)
+        if bad:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="; ".join(bad))
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         meta["generation"] = 1
@@ -135,6 +158,9 @@ class Emulator(kmock.KubernetesEmulator):
         except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict,
                 jsonpointer.JsonPointerException) as exc:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+        bad = _invalid_quantities(new)
+        if bad:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="; ".join(bad))
         if request.subresource == "status":
             new = {**old, "status": new.get("status")}
         elif self._has_status(request):

@@ -307,14 +307,6 @@ def test_bad_name_server_address_does_not_hide_or_blame_broker_config() -> None:
     assert "namesrvAddr" not in found[1] and "defaultTopicQueueNums" in found[1]
 
 
-def test_dotted_name_needs_a_broker_name() -> None:
-    doc = example()
-    doc["metadata"]["name"] = "broker.a"
-    assert "brokerName" in "; ".join(problems(parse_spec(doc)))
-    doc["spec"]["brokerName"] = "broker-a"
-    assert problems(parse_spec(doc)) == []
-
-
 FULL_SCHEDULING = {
     "podAntiAffinity": "Required", "topologyKey": "topology.kubernetes.io/zone",
     "nodeSelector": {"pool": "mq"},
@@ -453,3 +445,19 @@ def test_malformed_pod_extras_are_spec_errors() -> None:
                             ({"podLabels": {"team": 1}}, "values must be strings")):
         with pytest.raises(SpecError, match=message):
             spec_of(**fields)
+
+
+@pytest.mark.parametrize("name", ["1broker", "broker.a", "Broker-a", "broker-"])
+def test_a_name_that_cannot_name_services_is_refused(name: str) -> None:
+    """The name names Services (DNS-1035 labels): "broker.a-headless" is not one, whatever the
+    brokerName, so a dotted name is refused even with spec.brokerName set."""
+    doc = example(brokerName="broker-a")  # a valid brokerName: the name itself is what fails
+    doc["metadata"].update(name=name, namespace="prod", uid="uid-1")
+    found = problems(parse_spec(doc))
+    assert any(f"metadata.name {name!r} must start with a letter" in p for p in found), found
+
+
+def test_a_name_that_can_name_services_passes() -> None:
+    doc = example()
+    doc["metadata"].update(name="b2-x9", namespace="prod", uid="uid-1")
+    assert not [p for p in problems(parse_spec(doc)) if "metadata.name" in p]

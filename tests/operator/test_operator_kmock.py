@@ -202,6 +202,21 @@ def test_invalid_specs_reported_without_touching_children(harness: OperatorHarne
     h.client.patch_group(NAME, {"spec": {"image": None, "brokerConfig": {"brokerRole": None}}})
     wait_ready(h, in_sync=2)
 
+    # What only the API server refuses (here a resource quantity): reported as InvalidSpec with the
+    # server's reason at this generation, not retried as an outage nor shown as applied.
+    sts_before = h.client.get("apps/v1", "statefulsets", NAME)
+    assert sts_before is not None
+    h.client.patch_group(NAME, {"spec": {"resources": {"requests": {"cpu": "lots"}}}})
+    cond = wait_for(reported, 10, "InvalidSpec condition for a child the API server refused")
+    assert "API server refused" in cond["message"] and "lots" in cond["message"]
+    g = h.client.group(NAME)
+    assert g is not None and g["status"]["observedGeneration"] == g["metadata"]["generation"]
+    assert condition(g, "Available").get("reason") != "Available" or g["status"]["phase"] == "Invalid"
+    sts = h.client.get("apps/v1", "statefulsets", NAME)
+    assert sts is not None and sts["spec"]["template"] == sts_before["spec"]["template"]
+    h.client.patch_group(NAME, {"spec": {"resources": {"requests": {"cpu": "250m"}}}})
+    wait_ready(h, in_sync=2)
+
 
 def test_invalid_from_the_start_creates_nothing(harness: OperatorHarness) -> None:
     h = harness
