@@ -233,6 +233,7 @@ class GroupController:
         names = [builders.claim_name(spec, o) for o in sorted(self.state.assignment)]
         claims: dict[str, str | None] = {}
         failed: list[str] = []
+        other_class: list[str] = []
         for name in names:
             try:
                 pvc = await self.api.get("v1", "PersistentVolumeClaim", spec.namespace, name)
@@ -241,6 +242,9 @@ class GroupController:
                 continue
             claims[name] = None if pvc is None else \
                 str((((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage", ""))
+            have = ((pvc or {}).get("spec") or {}).get("storageClassName")
+            if pvc is not None and spec.storage_class and have and have != spec.storage_class:
+                other_class.append(f"{name} ({have})")
         grow, larger = volume_resizes(claims, spec.storage_size)
         for name, size in grow.items():
             try:
@@ -257,6 +261,10 @@ class GroupController:
         if larger:
             notes.append(f"spec.storage.size {spec.storage_size} is below existing volumes, which never shrink: "
                          + ", ".join(larger))
+        if other_class:
+            # Neither a claim's class nor the StatefulSet's claim template can change.
+            notes.append(f"spec.storage.storageClassName {spec.storage_class} is not the class of existing volumes, "
+                         "which keep theirs (moving the data is a new group's job): " + ", ".join(other_class))
         note = "; ".join(notes) or None
         if note and note != self.storage_note:
             await self._event("Warning", "VolumeNotResized", note)

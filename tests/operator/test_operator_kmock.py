@@ -343,7 +343,8 @@ def test_raising_the_storage_size_grows_the_claims_and_never_shrinks_them(
     for ordinal in (0, 1):
         h.client.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                          "metadata": {"name": f"data-{NAME}-{ordinal}", "namespace": NS},
-                         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}},
+                         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "standard",
+                                  "resources": {"requests": {"storage": "10Gi"}}}},
                         "persistentvolumeclaims")
 
     def requested() -> list[str]:
@@ -364,6 +365,12 @@ def test_raising_the_storage_size_grows_the_claims_and_never_shrinks_them(
     assert "never shrink" in degraded["message"] and f"data-{NAME}-0 (1.5Ti)" in degraded["message"]
     assert requested() == ["1.5Ti", "1.5Ti"]
     assert h.client.events("VolumeNotResized")
+
+    # A claim's class cannot change (nor the StatefulSet's claim template): said, not ignored.
+    h.client.patch_group(NAME, {"spec": {"storage": {"size": "1.5Ti", "storageClassName": "fast-ssd"}}})
+    degraded = wait_for(lambda: (c := condition(h.client.group(NAME), "Degraded")).get("reason") == "VolumeNotResized"
+                        and "fast-ssd" in c.get("message", "") and c, 20, "class change reported")
+    assert f"data-{NAME}-0 (standard)" in degraded["message"] and "never shrink" not in degraded["message"]
 
 
 def test_a_missing_or_incomplete_secret_is_reported_until_it_is_there(
