@@ -40,7 +40,7 @@ from rmqoperator.failover import (
 from rmqoperator.k8s import ApiError, KubeApi
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas, volume_resizes
 from rmqoperator.rolling import RollStep, next_restart
-from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, parse_spec, problems
+from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, fixed_port_problems, parse_spec, problems
 from rmqoperator.status import Cond, Health, conditions, merge_conditions, now_iso, phase, replica_rows, summary
 from rmqoperator.verifier import Verifier
 
@@ -134,6 +134,11 @@ class GroupController:
                 found = problems(spec)
             except SpecError as exc:
                 spec, found = None, [str(exc)]
+            if spec is not None and not found:
+                try:
+                    found = fixed_port_problems(await self._applied_spec(), spec)
+                except ApiError as exc:
+                    raise TemporaryFailure(str(exc)) from exc
             if found:
                 message = "; ".join(found)
                 if self.invalid != message:

@@ -317,6 +317,20 @@ def _metadata_problems(spec: GroupSpec) -> list[str]:
     return out
 
 
+def fixed_port_problems(applied: GroupSpec | None, spec: GroupSpec) -> list[str]:
+    """The HA and admin ports cannot change under a running group: the operator reaches its brokers
+    and points slaves at their master on the spec's ports, while each broker keeps the ones it
+    started with until it restarts (and a roll waits for brokers it can no longer reach)."""
+    if applied is None:
+        return []
+    out = []
+    for key, old, new in (("ha", applied.ports.ha, spec.ports.ha), ("admin", applied.ports.admin, spec.ports.admin)):
+        if old != new:
+            out.append(f"spec.ports.{key} cannot change on a running group ({old} -> {new}): put it back to {old}, "
+                       "or run a new group")
+    return out
+
+
 def problems(spec: GroupSpec) -> list[str]:
     """What makes a well-formed spec unusable (the schema catches the rest on a real API server)."""
     out: list[str] = _metadata_problems(spec)

@@ -217,6 +217,15 @@ def test_invalid_specs_reported_without_touching_children(harness: OperatorHarne
     h.client.patch_group(NAME, {"spec": {"resources": {"requests": {"cpu": "250m"}}}})
     wait_ready(h, in_sync=2)
 
+    # The HA and admin ports stay what the brokers run with (the operator would lose them).
+    h.client.patch_group(NAME, {"spec": {"ports": {"ha": 10920}}})
+    cond = wait_for(lambda: (c := condition(h.client.group(NAME), "Ready")).get("reason") == "InvalidSpec"
+                    and "ports.ha" in c.get("message", "") and c, 10, "HA port change refused")
+    assert "spec.ports.ha cannot change on a running group (10912 -> 10920)" in cond["message"]
+    assert {c.get("haListenPort") for c in confs(h).values()} == {"10912"}  # nothing re-rendered
+    h.client.patch_group(NAME, {"spec": {"ports": {"ha": 10912}}})
+    wait_ready(h, in_sync=2)
+
 
 def test_invalid_from_the_start_creates_nothing(harness: OperatorHarness) -> None:
     h = harness
