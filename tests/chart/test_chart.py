@@ -64,17 +64,16 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("rmq.brokergroup.dev", "brokergroups"): {"get", "list", "watch", "patch", "update"},
     ("rmq.brokergroup.dev", "brokergroups/status"): {"get", "patch", "update"},
-    ("apps", "statefulsets"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("", "configmaps"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("", "secrets"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("policy", "poddisruptionbudgets"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("apps", "statefulsets"): {"create", "get", "patch", "delete"},
+    ("", "services"): {"create", "get", "patch", "delete"},
+    ("", "configmaps"): {"create", "get", "patch", "delete"},
+    ("", "secrets"): {"create", "get", "delete"},
+    ("policy", "poddisruptionbudgets"): {"create", "get", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "persistentvolumeclaims"): {"get", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
-    ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"},
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_WATCH = {("", "namespaces"): {"list", "watch"}}

@@ -62,14 +62,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   resources: ["brokergroups/status"]
   verbs: ["get", "patch", "update"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "secrets"]
-  verbs: ["create", "get", "list", "watch", "patch", "update", "delete"]
+  resources: ["services", "configmaps"]
+  verbs: ["create", "get", "patch", "delete"]
+# Secrets: the group's admin token (created once, deleted with the group) and a read of the TLS and
+# ACL Secrets the spec names; never list/watch, which would expose every Secret it may see.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "get", "delete"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["create", "get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["create", "get", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["create", "get", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
@@ -82,9 +87,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "delete"]
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
 {{- with .Values.rbac.extraRules }}
 {{ toYaml . }}
 {{- end }}
