@@ -39,3 +39,14 @@ def unsafe_entries(config: Mapping[str, str]) -> list[str]:
         elif "".join(value.splitlines()) != value:
             out.append(f"{key}: the value may not contain a line break")
     return out
+
+
+# Keys rendered from spec.acl and spec.tls when those are set: brokerConfig may not contradict them.
+ACL_KEYS: frozenset[str] = frozenset({"aclEnable", "aclFile"})
+TLS_KEYS: frozenset[str] = frozenset({"tlsEnable", "tlsServerMode", "tlsConfigFile"})
+
+
+def spec_rendered_keys_in(keys: Iterable[str], acl: bool, tls: bool) -> list[str]:
+    """The keys among ``keys`` that spec.acl (when ``acl``) or spec.tls (when ``tls``) renders, sorted."""
+    owned = (ACL_KEYS if acl else frozenset()) | (TLS_KEYS if tls else frozenset())
+    return sorted(k for k in keys if k in owned)

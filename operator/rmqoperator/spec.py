@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rmqbroker.ha.election import FailoverSpec
-from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in, unsafe_entries
+from rmqbroker.managed_keys import MANAGED_KEYS, managed_keys_in, spec_rendered_keys_in, unsafe_entries
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +373,9 @@ def problems(spec: GroupSpec) -> list[str]:
         out.append(f"spec.brokerConfig may not set operator-managed keys: {', '.join(reserved)}")
     unsafe = unsafe_entries(spec.broker_config)
     out.extend(f"spec.brokerConfig: {problem}" for problem in unsafe)
+    derived = spec_rendered_keys_in(spec.broker_config, bool(spec.acl_secret), bool(spec.tls_secret))
+    if derived:
+        out.append(f"spec.brokerConfig may not set keys spec.acl/spec.tls render: {', '.join(derived)}")
     if not reserved and not unsafe:
         # Bad nameserver addresses are reported above against their own field: judge brokerConfig
         # with managed nameservers so that namesrvAddr is not blamed on it a second time.

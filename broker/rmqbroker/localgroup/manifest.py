@@ -18,7 +18,7 @@ import yaml
 
 from rmqbroker.config import ACL_FILE_NAME
 from rmqbroker.ha.election import FailoverSpec
-from rmqbroker.managed_keys import managed_keys_in, unsafe_entries
+from rmqbroker.managed_keys import managed_keys_in, spec_rendered_keys_in, unsafe_entries
 from rmqbroker.metadata.jsonfile import atomic_write
 from rmqbroker.remoting import tls as tls_conf
 
@@ -246,6 +246,9 @@ def parse_group(doc: dict[str, Any], secrets: Secrets | None = None) -> GroupSpe
     unsafe = unsafe_entries({str(k): v for k, v in extra.items()})
     if unsafe:
         raise ManifestError(f"spec.brokerConfig: {'; '.join(unsafe)}")
+    derived = spec_rendered_keys_in((str(k) for k in extra), bool(spec.get("acl")), bool(spec.get("tls")))
+    if derived:
+        raise ManifestError(f"spec.brokerConfig may not set keys spec.acl/spec.tls render: {', '.join(derived)}")
     return GroupSpec(
         name=str(meta["name"]),
         cluster_name=str(spec.get("clusterName", "DefaultCluster")),

@@ -189,3 +189,11 @@ def test_broker_config_that_would_not_render_as_one_line_is_refused(tmp_path: Pa
     path.write_text(f"kind: BrokerGroup\nmetadata: {{name: x}}\nspec: {{brokerConfig: {config}}}\n")
     with pytest.raises(ManifestError, match=message):
         load_manifest(path)
+
+
+def test_broker_config_may_not_contradict_spec_tls(tmp_path: Path) -> None:
+    path = tmp_path / "bg.yaml"
+    path.write_text("kind: BrokerGroup\nmetadata: {name: x}\n"
+                    "spec: {tls: {secretName: t}, brokerConfig: {tlsServerMode: disabled}}\n")
+    with pytest.raises(ManifestError, match="may not set keys spec.acl/spec.tls render: tlsServerMode"):
+        load_manifest(path)
