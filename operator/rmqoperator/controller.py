@@ -187,8 +187,11 @@ class GroupController:
                                                                                     sts_replicas))
         await self._ensure_token(spec)
         changed = []
+        prev = self.spec
+        dropped = {"labels": set(prev.pod_labels) - set(spec.pod_labels),
+                   "annotations": set(prev.pod_annotations) - set(spec.pod_annotations)} if prev else None
         for obj in builders.children(spec, self.state.assignment, sts_replicas):
-            result = await self.api.apply(obj)
+            result = await self.api.apply(obj, dropped)
             if result != "unchanged":
                 changed.append(f"{obj['kind']}/{obj['metadata']['name']} {result}")
         # Children of a managed nameserver that is now external are removed.

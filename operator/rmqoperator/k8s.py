@@ -48,7 +48,7 @@ import logging
 import os
 import ssl
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -212,8 +212,12 @@ class KubeApi:
             raise
 
     # -- create-or-patch --
-    async def apply(self, obj: Obj) -> str:
-        """Create ``obj`` or merge-patch the live object towards it; 'created', 'patched' or 'unchanged'."""
+    async def apply(self, obj: Obj, dropped_pod_meta: Mapping[str, Iterable[str]] | None = None) -> str:
+        """Create ``obj`` or merge-patch the live object towards it; 'created', 'patched' or 'unchanged'.
+
+        ``dropped_pod_meta`` ({"labels": keys, "annotations": keys}) names pod-template metadata the
+        previous spec set and this one does not: removed from a live StatefulSet's template.
+        """
         meta = obj["metadata"]
         live = await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         if live is None:
@@ -232,13 +236,17 @@ class KubeApi:
         if isinstance(patch.get("data"), dict):
             stale = {k: None for k in (live.get("data") or {}) if k not in patch["data"]}
         pod_stale = stale_pod_fields(obj, live)
-        if not stale and not pod_stale and is_subset(patch, live):
+        meta_stale = stale_pod_meta(obj, live, dropped_pod_meta or {})
+        if not stale and not pod_stale and not meta_stale and is_subset(patch, live):
             return "unchanged"
         if stale:
             patch["data"] = {**patch["data"], **stale}
         if pod_stale:
             template = patch["spec"]["template"]
             template["spec"] = _merged(template["spec"], pod_stale)
+        if meta_stale:
+            template = patch["spec"]["template"]
+            template["metadata"] = _merged(template.get("metadata") or {}, meta_stale)
         await self.patch(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], patch)
         return "patched"
 
@@ -320,6 +328,21 @@ def stale_pod_fields(obj: Obj, live: Obj) -> Obj:
     owned_want = {k: want[k] for k in OWNED_POD_FIELDS if k in want}
     owned_have = {k: have[k] for k in OWNED_POD_FIELDS if k in have}
     return deletions(owned_want, owned_have)
+
+
+def stale_pod_meta(obj: Obj, live: Obj, dropped: Mapping[str, Iterable[str]]) -> Obj:
+    """For a StatefulSet: the nulls that drop from the live pod template the labels and annotations
+    in ``dropped`` that ``obj`` no longer has (keys others set stay: only ours are named)."""
+    if obj["kind"] != "StatefulSet":
+        return {}
+    want = obj["spec"]["template"].get("metadata") or {}
+    have = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    out: Obj = {}
+    for part, keys in dropped.items():
+        gone = {k: None for k in keys if k in (have.get(part) or {}) and k not in (want.get(part) or {})}
+        if gone:
+            out[part] = gone
+    return out
 
 
 def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Obj:

@@ -171,6 +171,21 @@ def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
     wait_for(templates_follow, 30, "scheduling fields dropped from both StatefulSet templates")
     wait_ready(h, in_sync=3)
 
+    # Pod labels and annotations the spec stops setting leave the templates as well.
+    h.client.patch_group(NAME, {"spec": {"podLabels": {"team": "mq"}, "podAnnotations": {"owner": "mq-team"}}})
+
+    def template_meta() -> list[dict[str, Any]]:
+        return [((h.client.get("apps/v1", "statefulsets", n) or {}).get("spec", {}).get("template", {})
+                 .get("metadata", {})) for n in (NAME, f"{NAME}-namesrv")]
+
+    wait_for(lambda: all(m.get("labels", {}).get("team") == "mq" and m.get("annotations", {}).get("owner")
+                         for m in template_meta()), 30, "pod labels and annotations set")
+    wait_ready(h, in_sync=3)
+    h.client.patch_group(NAME, {"spec": {"podLabels": None, "podAnnotations": None}})
+    wait_for(lambda: all("team" not in m.get("labels", {}) and "owner" not in m.get("annotations", {})
+                         for m in template_meta()), 30, "pod labels and annotations removed")
+    wait_ready(h, in_sync=3)
+
 
 def test_invalid_specs_reported_without_touching_children(harness: OperatorHarness,
                                                           fake_pods: tuple[PodRunner, FakeBackend]) -> None:

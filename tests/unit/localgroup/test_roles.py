@@ -195,5 +195,5 @@ def test_broker_config_may_not_contradict_spec_tls(tmp_path: Path) -> None:
     path = tmp_path / "bg.yaml"
     path.write_text("kind: BrokerGroup\nmetadata: {name: x}\n"
                     "spec: {tls: {secretName: t}, brokerConfig: {tlsServerMode: disabled}}\n")
-    with pytest.raises(ManifestError, match="may not set keys spec.acl/spec.tls render: tlsServerMode"):
+    with pytest.raises(ManifestError, match=r"may not set keys spec\.acl/spec\.tls render: tlsServerMode"):
         load_manifest(path)
