@@ -14,7 +14,7 @@ from typing import Any
 from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
-from rmqbroker.store.record import decode_offset_msg_id, decode_record, iter_records
+from rmqbroker.store.record import decode_offset_msg_id, decode_record, iter_records, offset_msg_id
 from tests.conftest import Cluster
 from tests.integration.helpers import create_topic, poll, rpc, wait_caught_up
 from tests.support.procs import BrokerProc, metric_value
@@ -28,8 +28,9 @@ class TxProducer:
     """What a TransactionMQProducer does on the wire: heartbeat as a producer, half sends,
     END_TRANSACTION, and answers to the broker's CHECK_TRANSACTION_STATE."""
 
-    def __init__(self, addr: str, answer: int | None) -> None:
+    def __init__(self, addr: str, answer: int | None, group: str = GROUP) -> None:
         self.addr = addr
+        self.group = group
         self.answer = answer  # the state a check gets (None: never answered)
         self.checks: list[RemotingCommand] = []
         self.client = RemotingClient(on_request=self._on_request)
@@ -45,15 +46,15 @@ class TxProducer:
 
     async def heartbeat(self) -> None:
         body = {"clientID": "tx-client@1", "language": "JAVA", "version": 409,
-                "producerDataSet": [{"groupName": GROUP}], "consumerDataSet": []}
+                "producerDataSet": [{"groupName": self.group}], "consumerDataSet": []}
         resp = await self.client.invoke(self.addr, RemotingCommand(RequestCode.HEART_BEAT,
                                                                    body=json.dumps(body).encode()), 5)
         assert resp.code == ResponseCode.SUCCESS
 
     async def half(self, body: bytes, key: str) -> tuple[int, int]:
         """Send a half message; its (queue offset, commitlog offset) from the answer."""
-        props = f"UNIQ_KEY\x01{key}\x02KEYS\x01{key}\x02TRAN_MSG\x01true\x02PGROUP\x01{GROUP}\x02"
-        ext = {"producerGroup": GROUP, "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        props = f"UNIQ_KEY\x01{key}\x02KEYS\x01{key}\x02TRAN_MSG\x01true\x02PGROUP\x01{self.group}\x02"
+        ext = {"producerGroup": self.group, "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
                "queueId": "0", "sysFlag": "4", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
                "properties": props}
         resp = await self.client.invoke(self.addr, RemotingCommand(RequestCode.SEND_MESSAGE, ext_fields=ext,
@@ -224,6 +225,38 @@ def test_a_half_never_answered_is_given_up_and_a_restart_keeps_the_outcome(clust
         return q
 
     assert asyncio.run(listen()).checks == [] and delivered(master.addr) == []
+
+
+def test_a_half_given_up_behind_an_older_open_one_is_not_asked_about_again(cluster: Cluster) -> None:
+    """The walk's progress stops at an older half whose producer group is not connected; a younger
+    half given up meanwhile stays given up (reported once), instead of being asked about again."""
+    master, _slave = broker_with_slave(cluster, transactionCheckMax=2)
+
+    async def scenario() -> tuple[TxProducer, RemotingCommand]:
+        gone = TxProducer(master.addr, answer=None, group="PG_TX_GONE")
+        await gone.half(b"its producer left", "TX-H")
+        await gone.client.close()
+        p = TxProducer(master.addr, answer=None)
+        await p.heartbeat()
+        _, phy = await p.half(b"never answered", "TX-I")
+        for _ in range(75):
+            if "given up" in master.log_text():
+                break
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2.0)  # about 6 more check rounds
+        # An admin may put it back although the walk has not passed it (the older half holds it).
+        msg_id = offset_msg_id("127.0.0.1", master.port, phy)
+        resumed = await p.client.invoke(master.addr, RemotingCommand(
+            RequestCode.RESUME_CHECK_HALF_MESSAGE, ext_fields={"msgId": msg_id}), 5)
+        await p.client.close()
+        return p, resumed
+
+    p, resumed = asyncio.run(scenario())
+    assert master.log_text().count("given up") == 1
+    assert len(p.checks) == 2
+    assert resumed.code == ResponseCode.SUCCESS, resumed
+    assert metric_value(master.metrics(), "rmq_transactions_given_up_total") == 1
+    assert delivered(master.addr) == []
 
 
 def test_reject_transaction_message_refuses_half_messages(cluster: Cluster) -> None:

@@ -12,7 +12,9 @@ EndTransactionProcessor and TransactionalMessageCheckService).
 * **Check.** Every ``transactionCheckInterval`` the master walks the halves not settled by an op.
   One older than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) is asked about:
   CHECK_TRANSACTION_STATE (39) goes to a connected producer of its group, which answers with
-  END_TRANSACTION. After ``transactionCheckMax`` checks a half is given up (logged). How far the
+  END_TRANSACTION. After ``transactionCheckMax`` checks a half is given up (logged once the walk's
+  progress past it is on disk; one given up behind an older open half is skipped, not asked about
+  again, until the walk passes it). How far the
   walk has settled everything is kept as the consumer offset of ``CID_RMQ_SYS_TRANS`` on both
   topics, so a restarted broker, or a promoted slave (which syncs consumer offsets), carries on.
   Unlike RocketMQ, a checked half is not written again at the end of the half queue; its check
@@ -98,6 +100,9 @@ class TransactionService:
         self._checks: dict[int, int] = {}
         # Half queue offsets settled by an op (from END_TRANSACTION here, or read by a check round).
         self._settled_set: set[int] = set()
+        # Halves given up above the walk's progress (an older half is still open): skipped until
+        # the progress passes them, not asked about afresh. A restart forgets them (asked again).
+        self._given_up_set: set[int] = set()
         self.committed = 0
         self.rolled_back = 0
         self.checks_sent = 0
@@ -220,7 +225,7 @@ class TransactionService:
         if half is None:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the message {msg_id} is not a half message of "
                                                                 f"{HALF_TOPIC}")
-        if half.queue_offset >= self._unsettled_from(HALF_TOPIC):
+        if half.queue_offset >= self._unsettled_from(HALF_TOPIC) and half.queue_offset not in self._given_up_set:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the half message {msg_id} is still being checked")
         if self._is_settled(half):
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"the transaction of half message {msg_id} is "
@@ -293,9 +298,10 @@ class TransactionService:
         settled = {h for _, h in ops if h is not None and start <= h < half_end} | self._settled_set
         first_open: int | None = None
         sent = 0
+        given_up: list[tuple[MessageRecord, int]] = []
         for half in self._read(HALF_TOPIC, start, half_end):
             offset = half.queue_offset
-            if offset in settled:
+            if offset in settled or offset in self._given_up_set:
                 continue
             immunity = self._immunity_ms(half)
             if now - half.store_timestamp < immunity:
@@ -304,11 +310,9 @@ class TransactionService:
                 break  # the rest are younger still
             checks = self._checks.get(offset, 0)
             if checks >= self.check_max:
-                self.given_up += 1
                 self._checks.pop(offset, None)
-                log.warning("transaction of %s (half at queue offset %d, id %s) unresolved after %d checks: "
-                            "given up, its message is not delivered", half.properties.get(rec.PGROUP), offset,
-                            half.properties.get(rec.UNIQ_KEY), checks)
+                self._given_up_set.add(offset)
+                given_up.append((half, checks))
                 continue
             if first_open is None:
                 first_open = offset
@@ -317,6 +321,7 @@ class TransactionService:
                 sent += 1
         progress = half_end if first_open is None else first_open
         self._settled_set = {o for o in settled if o >= progress}
+        self._given_up_set = {o for o in self._given_up_set if o >= progress}
         if progress > start:
             ctx.offsets.commit(CHECK_GROUP, HALF_TOPIC, 0, progress)
             # The op queue's progress moves over the ops of halves below the new progress.
@@ -328,6 +333,13 @@ class TransactionService:
             if op_progress > op_start:
                 ctx.offsets.commit(CHECK_GROUP, OP_TOPIC, 0, op_progress)
             await ctx.offsets.persist_async()
+        # Reported once the progress past them is on disk: a crash after the report cannot bring
+        # a given-up half back to be checked (and delivered) again.
+        for half, checks in given_up:
+            self.given_up += 1
+            log.warning("transaction of %s (half at queue offset %d, id %s) unresolved after %d checks: "
+                        "given up, its message is not delivered", half.properties.get(rec.PGROUP),
+                        half.queue_offset, half.properties.get(rec.UNIQ_KEY), checks)
         return sent
 
     def _immunity_ms(self, half: MessageRecord) -> int:
