@@ -461,11 +461,13 @@ class MessageStore:
         self._deleted = deleted_topics.load(self.config.deleted_topics_path)
         self.checkpoint.load()
         self.commitlog.load()
-        damaged_ends: list[int] = []
+        # Queues that lost units: re-dispatched from where they end once the units beyond the
+        # commitlog's end are dropped too (a damaged unit may point far beyond it).
+        damaged: list[ConsumeQueue] = []
         for cq in self._load_consume_queues():
             intact = cq.load()
             if not cq.recover() or not intact:
-                damaged_ends.append(cq.max_phy_end)
+                damaged.append(cq)
 
         files = self.commitlog.mfq.files
         scan_start = files[max(0, len(files) - 3)].file_from_offset if files else 0
@@ -492,8 +494,9 @@ class MessageStore:
                     log.warning("consume queue %s-%d: dropped %d unit(s) beyond the commitlog end %d",
                                 cq.topic, cq.queue_id, removed, end)
                 if not self._verify_tail(cq):
-                    damaged_ends.append(cq.max_phy_end)
+                    damaged.append(cq)
                 cq.correct_min_offset(min_phy)
+        damaged_ends = [cq.max_phy_end for cq in damaged]
         covered = max((cq.max_phy_end for qs in self._cqs.values() for cq in qs.values()), default=min_phy)
         dispatch_from = min(covered, *damaged_ends) if damaged_ends else covered
         if not self._last_exit_ok:

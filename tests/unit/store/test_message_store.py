@@ -547,6 +547,32 @@ async def test_torn_tail_and_corrupt_consume_queue_are_repaired(cfg: StoreConfig
     await again.shutdown()
 
 
+@pytest.mark.parametrize("damage", ["beyond the log", "one bit flipped"])
+async def test_a_damaged_unit_mid_queue_is_rebuilt_with_every_unit_after_it(cfg: StoreConfig, damage: str) -> None:
+    """A unit whose commitlog offset points past the log's end (a disk error) cuts the queue
+    there; every unit from it on is rebuilt from the commitlog, none is left blank."""
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(120):
+        await store.put_message(msg("T", i % 2, b"m%d" % i))
+    await store.shutdown()
+    newest = max((cfg.consume_queue_dir / "T" / "0").iterdir())
+    phy, size, tags = struct.unpack_from(">qiq", newest.read_bytes(), 20 * 30)
+    bad = 1 << 40 if damage == "beyond the log" else phy ^ (1 << 40)
+    overwrite_newest(cfg.consume_queue_dir / "T" / "0", 20 * 30, struct.pack(">qiq", bad, size, tags))
+    again = MessageStore(cfg)
+    await again.start()
+    assert again.get_max_offset_in_queue("T", 0) == 60
+    got: list[bytes] = []
+    while len(got) < 60:
+        res = again.get_message("g", "T", 0, len(got), 32)
+        assert res.status is G.FOUND
+        got += bodies(res.body())
+    assert got == [b"m%d" % i for i in range(0, 120, 2)]
+    assert assert_store_consistent(again) == 120
+    await again.shutdown()
+
+
 async def test_missing_consumequeue_dir_is_rebuilt(cfg: StoreConfig) -> None:
     store = MessageStore(cfg)
     await store.start()
