@@ -13,6 +13,7 @@ from pathlib import Path
 from rmqbroker.acl import AclConfigError, PlainAcl
 from rmqbroker.broker import Broker, read_conf
 from rmqbroker.config import ConfigError, SettingsOrigin, build_settings, override_sources
+from rmqbroker.metadata.errors import MetadataError
 from rmqbroker.runtime import raise_fd_limit, run_until_signal, setup_logging
 from rmqbroker.store.errors import StoreError
 
@@ -51,10 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     origin = SettingsOrigin(Path(args.config) if args.config else None, override_sources(overrides=overrides))
 
     async def run(stop: asyncio.Event) -> None:
-        broker = Broker(settings, origin)
+        try:
+            broker = Broker(settings, origin)  # loads the metadata files
+        except MetadataError as exc:
+            log.error("cannot start: %s", exc)
+            raise SystemExit(1) from exc
         try:
             await broker.start()
-        except (StoreError, OSError) as exc:
+        except (StoreError, MetadataError, OSError) as exc:
             log.error("cannot start: %s", exc)
             await broker.store.shutdown()
             raise SystemExit(1) from exc

@@ -21,6 +21,7 @@ import pytest
 from rmqbroker.store.message_store import GetMessageStatus, MessageInner, MessageStore
 from rmqbroker.store.record import decode_record, iter_records
 from tests.integration.store_writer import SEGMENT, body_for, config
+from tests.support.procs import BrokerProc
 from tests.unit.store.consistency import assert_store_consistent
 
 WRITER = Path(__file__).with_name("store_writer.py")
@@ -150,3 +151,20 @@ def test_kill9_mid_stream_then_torn_tail_then_corrupt_consume_queue(
         await store.shutdown()
 
     asyncio.run(append_more())
+
+
+@pytest.mark.parametrize(("name", "content"), [("config/consumerOffset.json", ""),
+                                                ("config/topics.json", '{"topicConfigTable":{')])
+def test_an_unusable_metadata_file_stops_the_start_with_one_line(tmp_path: Path, name: str, content: str) -> None:
+    """An empty (lost write) or corrupt metadata file without a usable .bak: the broker exits with
+    status 1 and one error line naming the file, and leaves the file for the operator to repair."""
+    broker = BrokerProc(tmp_path, None, name="broker-meta")
+    path = broker.store_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    broker.start(wait_ready=False)
+    assert broker.popen is not None
+    assert broker.popen.wait(30) == 1
+    log = broker.log_text()
+    assert f"cannot start: {path}" in log and "Traceback" not in log, log
+    assert path.read_text() == content

@@ -243,9 +243,11 @@ def load_decoded_with_backup(path: Path, decode: Callable[[str], T]) -> T | None
     """Load ``path`` through ``decode``, falling back to ``<file>.bak``.
 
     The backup is used when the file is missing, empty, not UTF-8, or ``decode`` raises
-    ``ValueError``/``TypeError``/``KeyError`` on it.  Returns ``None`` when neither file has any
-    content (a fresh broker).  Raises :class:`MetadataLoadError` when content exists but none of
-    it decodes.
+    ``ValueError``/``TypeError``/``KeyError`` on it.  Returns ``None`` when the file does not exist
+    and has no backup (a fresh broker).  Raises :class:`MetadataLoadError` when content exists but
+    none of it decodes, and when the file exists but is empty with no usable backup: writes here
+    never leave an empty file, so one is a lost write, and starting empty would drop every topic
+    or offset it held at the next persist.
     """
     path = Path(path)
     bak = path.with_name(path.name + BAK_SUFFIX)
@@ -261,6 +263,9 @@ def load_decoded_with_backup(path: Path, decode: Callable[[str], T]) -> T | None
     if backup is None or not backup.strip():
         if main_error is not None:
             raise MetadataLoadError(f"{path} is corrupt and there is no usable {bak.name}") from main_error
+        if data is not None:
+            raise MetadataLoadError(f"{path} is empty and there is no usable {bak.name}; remove it to start "
+                                    "without what it held")
         return None
     try:
         result = decode(backup.decode("utf-8"))

@@ -243,6 +243,25 @@ def test_corrupt_main_without_bak_raises(tmp_path: Path) -> None:
     assert isinstance(info.value.__cause__, MetadataFormatError)
 
 
+@pytest.mark.parametrize("bak", [None, "", " \n"])
+@pytest.mark.parametrize("main", ["", "\n  "])
+def test_empty_main_without_usable_bak_raises(tmp_path: Path, main: str, bak: str | None) -> None:
+    """An existing empty file is a lost write, not a fresh start: starting empty would persist
+    over it with no topics or offsets."""
+    path = tmp_path / "consumerOffset.json"
+    path.write_text(main)
+    if bak is not None:
+        path.with_name("consumerOffset.json.bak").write_text(bak)
+    with pytest.raises(MetadataLoadError, match=r"is empty and there is no usable consumerOffset\.json\.bak"):
+        load_with_backup(path)
+
+
+def test_empty_bak_alone_is_a_fresh_start(tmp_path: Path) -> None:
+    path = tmp_path / "topics.json"
+    path.with_name("topics.json.bak").write_text("")
+    assert load_with_backup(path) is None
+
+
 def test_corrupt_main_and_bak_raises(tmp_path: Path) -> None:
     path = tmp_path / "topics.json"
     path.write_text("{{{")
