@@ -193,6 +193,7 @@ def test_commit_rollback_and_a_check_back(cluster: Cluster) -> None:
     assert metric_value(metrics, "rmq_transactions_committed_total") == 2
     assert metric_value(metrics, "rmq_transactions_rolled_back_total") == 1
     assert metric_value(metrics, "rmq_transaction_checks_total") >= 1
+    assert metric_value(metrics, "rmq_store_index_failures_total") == 0  # every record indexed
 
 
 def test_a_half_never_answered_is_given_up_and_a_restart_keeps_the_outcome(cluster: Cluster) -> None:
