@@ -187,7 +187,8 @@ def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: C
     master = cluster.broker(None, name="broker-g", role="SYNC_MASTER")
     ha_addr = f"127.0.0.1:{master.port + 1}"
     s = cluster.broker(None, name="broker-g", broker_id=1, role="SLAVE", haMasterAddress=ha_addr)
-    poll(lambda: master.status()["ha"]["slaves"], 10, what="slave connected to the master")
+    # In sync, not only connected: a SYNC send before the slave's first report finds no slave.
+    poll(lambda: any(x.get("inSync") for x in master.status()["ha"]["slaves"]), 10, what="slave in sync")
     send_some(master, "FenceTopic", 10, "before")
     end = assert_same_log(master, s)
 

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import fcntl
 import functools
+import io
 import json
 import logging
 import os
@@ -68,6 +69,8 @@ F_SETPIPE_SZ = 1031
 REPORT_EVERY = 0.001
 # How long a blocking receive waits before the thread looks at stop, heartbeat and silence (s).
 RECV_POLL = 0.25
+# A stopping HA task that takes longer than this is logged with its stack (and again each period).
+STOP_SLOW_SECONDS = 2.0
 # SO_RCVTIMEO / SO_SNDTIMEO value:
 #   0  long  seconds
 #   8  long  microseconds
@@ -517,6 +520,7 @@ class HAClient:
         for task in (self._task, self._reput_task):
             if task is not None:
                 task.cancel()
+                await _wait_stopped(task)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._task = self._reput_task = None
@@ -726,6 +730,19 @@ class HAClient:
             if not adopting.cancelled() and (refused := adopting.exception()) is not None:
                 log.info("epoch adoption of the stopped handshake with %s not applied: %s", addr, refused)
             raise
+
+
+async def _wait_stopped(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task to end; one that takes long (a promotion waits for it) is
+    logged with where it waits."""
+    began = time.monotonic()
+    while not task.done():
+        await asyncio.wait({task}, timeout=STOP_SLOW_SECONDS)
+        if not task.done():
+            where = io.StringIO()
+            task.print_stack(file=where)
+            log.warning("HA task %s not stopped after %.1f s; waiting at:\n%s", task.get_name(),
+                        time.monotonic() - began, where.getvalue().rstrip())
 
 
 def _close_result(fut: asyncio.Future[socket.socket]) -> None:
