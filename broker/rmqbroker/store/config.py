@@ -100,6 +100,10 @@ class StoreConfig:
         return self.store_path_root_dir / "deletedTopics.json"
 
     @property
+    def index_gap_path(self) -> Path:
+        return self.store_path_root_dir / "indexGap.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.store_path_root_dir / "lock"
 

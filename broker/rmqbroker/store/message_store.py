@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqbroker.store import deleted_topics
+from rmqbroker.metadata.errors import MetadataError
+from rmqbroker.store import deleted_topics, index_gap
 from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.config import StoreConfig
@@ -77,6 +78,10 @@ ROLES = ("ASYNC_MASTER", "SYNC_MASTER", SLAVE_ROLE)
 _CHECKPOINT_SAFETY_MS = 3000
 # Pause after a failed background flush before trying again.
 _FLUSH_ERROR_BACKOFF_S = 1.0
+# How often records a failure left unindexed are tried again, and how many commitlog bytes of them
+# one loop pass indexes.
+_INDEX_RETRY_PERIOD_S = 5.0
+_INDEX_RETRY_SLICE = 4 << 20
 # "Pages" of the least-pages flush thresholds.
 _PAGE_SIZE = 4096
 # Page cache populated ahead of the commitlog's write position (see _page_cache_prefetcher): how
@@ -310,8 +315,13 @@ class MessageStore:
         self._abort = AbortMarker(config.abort_path)
         self._cqs: dict[str, dict[int, ConsumeQueue]] = {}
         self.index: IndexService | None = None
-        # Records the index could not take (e.g. no room for a new index file); they stay stored.
+        # Failed attempts to index a record (e.g. no room for a new index file); it stays stored.
         self.index_failures = 0
+        # Commitlog offset of the first record a failure left unindexed (-1: none). Records from
+        # there are indexed by the retry task, in order, and not by dispatch meanwhile; the offset
+        # is kept in ``indexGap.json`` so that a restart indexes them too.
+        self._index_gap = -1
+        self._index_gap_saved = -1  # the offset indexGap.json holds (-1: none written)
         # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
         # are never closed under that thread.
         self._cq_io = asyncio.Lock()
@@ -393,6 +403,8 @@ class MessageStore:
         ]
         if _HAS_FADVISE:
             self._tasks.append(asyncio.create_task(self._page_cache_prefetcher(), name="store-prefetch"))
+        if self.index is not None:
+            self._tasks.append(asyncio.create_task(self._index_gap_retrier(), name="store-index-retry"))
         log.info("message store started at %s: commitlog [%d, %d), %d consume queues, last exit %s",
                  self.config.store_path_root_dir, self.min_phy_offset(), self.max_phy_offset(),
                  sum(len(q) for q in self._cqs.values()), "clean" if self._last_exit_ok else "ABNORMAL")
@@ -482,8 +494,15 @@ class MessageStore:
             self.index = IndexService(self.config.index_dir, self.config.max_hash_slot_num, self.config.max_index_num)
             durable = self.checkpoint.index_msg_timestamp if self._machine_crashed else None
             reindex_from = self.index.load(end, durable_until_ts=durable)
+            self._index_gap = self._index_gap_saved = -1
+            gap = index_gap.load(self.config.index_gap_path)
+            if gap is not None and gap < end:
+                log.warning("records from commitlog offset %d were stored but not indexed; indexing them now", gap)
+                reindex_from = gap if reindex_from is None else min(reindex_from, gap)
             if reindex_from is not None:
-                self._reindex(max(reindex_from, min_phy), end)
+                self._reindex(max(reindex_from, min_phy), end)  # a failure here sets the gap again
+            if gap is not None and self._index_gap < 0:
+                index_gap.clear(self.config.index_gap_path)
         else:
             self.index = None
 
@@ -968,19 +987,65 @@ class MessageStore:
 
     def _index(self, phy: int, topic: str, store_ts: int, uniq: str | None, keys: str | None) -> None:
         """Index one stored record. The record is stored whatever happens here: a failure (no room
-        for a new index file) costs lookups by key, never the message or its consume-queue unit."""
+        for a new index file) leaves it and the records after it to the retry task, which indexes
+        them in order once it can (meanwhile lookups by key miss them)."""
+        if self._index_gap >= 0:
+            return  # behind a failure: the retry task indexes this record in its turn
         index = self.index
         assert index is not None
         try:
             full = index.build(phy, topic, store_ts, uniq, keys)
         except (StoreError, OSError) as exc:
             self.index_failures += 1
-            if self.index_failures == 1 or self.index_failures % 10000 == 0:
-                log.error("indexing the record at %d failed (%d failure(s) so far; queries by key will miss "
-                          "it): %s", phy, self.index_failures, exc)
+            self._index_gap = phy
+            if self.index_failures == 1 or self.index_failures % 1000 == 0:
+                log.error("indexing the record at %d failed (%d failure(s) so far); records from there are "
+                          "indexed when it succeeds, every %.0f s: %s", phy, self.index_failures,
+                          _INDEX_RETRY_PERIOD_S, exc)
+            if phy != self._index_gap_saved:
+                try:
+                    index_gap.save(self.config.index_gap_path, phy)
+                    self._index_gap_saved = phy
+                except MetadataError as save_exc:
+                    log.error("cannot record the index gap at %d (a restart will not index those records): %s",
+                              phy, save_exc)
             return
         if full:
             self._index_full(full)
+
+    async def _index_gap_retrier(self) -> None:
+        while await self._wait_or_stop(_INDEX_RETRY_PERIOD_S):
+            if self._index_gap >= 0:
+                await self.index_catch_up()
+
+    @property
+    def index_gap(self) -> int:
+        """Commitlog offset from which stored records await indexing after a failure (-1: none)."""
+        return self._index_gap
+
+    async def index_catch_up(self) -> bool:
+        """Index the records a failure left behind, in order and in slices, if the index can take
+        them now; dispatch indexes as it goes from when this catches up with it. Whether it did."""
+        if self._index_gap < 0 or self.index is None:
+            return self._index_gap < 0
+        began = pos = max(self._index_gap, self.commitlog.min_offset())
+        while True:
+            self._index_gap = -1  # lets _index build; a failure sets it again
+            stopped = self._dispatch_from(pos, _INDEX_RETRY_SLICE, index_only=True)
+            if self._index_gap >= 0:
+                return False
+            if stopped >= self._reput_offset or stopped == pos:
+                break
+            self._index_gap = pos = stopped
+            await asyncio.sleep(0)
+        log.warning("indexed the records of commitlog [%d, %d) that a failure had left behind", began, stopped)
+        try:
+            index_gap.clear(self.config.index_gap_path)  # two unlinks: on the loop, so no failure slips in
+            self._index_gap_saved = -1
+        except MetadataError as exc:
+            log.error("cannot remove %s (a restart indexes those records again): %s",
+                      self.config.index_gap_path, exc)
+        return True
 
     def _index_full(self, full: list[IndexFile]) -> None:
         """Index files fill up rarely (20 million entries): each is made durable once, off the loop,
@@ -1419,6 +1484,10 @@ class MessageStore:
         end = self.commitlog.max_offset()
         if self.index is not None:
             self.index.truncate(end)
+        if self._index_gap >= end:
+            self._index_gap = -1  # the records it left unindexed are cut
+            index_gap.clear(self.config.index_gap_path)
+            self._index_gap_saved = -1
         # Offsets past the cut will hold another log's records (the new master's).
         clamped = {topic: min(deleted_end, end) for topic, deleted_end in self._deleted.items()}
         if clamped != self._deleted:

@@ -3,6 +3,7 @@ restart, truncation, retention; and QUERY_MESSAGE lookups through the store."""
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 from pathlib import Path
@@ -396,3 +397,63 @@ async def test_any_pages_lost_with_the_machine_are_built_again(tmp_path: Path, s
         assert store.index is not None and sum(f.count - 1 for f in store.index.files) == indexed
     finally:
         await store.shutdown()
+
+
+def _break_index_dir(cfg: StoreConfig) -> Path:
+    """Where the next index file must go there is now a plain file; returns where the files went."""
+    saved = cfg.index_dir.with_name("index.saved")
+    cfg.index_dir.rename(saved)
+    cfg.index_dir.write_text("not a directory")
+    return saved
+
+
+def _mend_index_dir(cfg: StoreConfig, saved: Path) -> None:
+    cfg.index_dir.unlink()
+    saved.rename(cfg.index_dir)
+
+
+def _found(store: MessageStore, key: str) -> int:
+    return len(store.query_message("T", key, 64, 0, 1 << 62).records)
+
+
+async def test_records_an_index_failure_left_behind_are_indexed_once_it_can(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "store", max_hash_slot_num=5, max_index_num=5)  # 4 entries a file
+    store = MessageStore(cfg)
+    await store.start()
+    try:
+        assert store.append_message(msg("T", 0, b"first", KEYS="a b c d")).status is PutMessageStatus.PUT_OK
+        saved = _break_index_dir(cfg)
+        second = store.append_message(msg("T", 0, b"second", KEYS="e"))
+        assert store.append_message(msg("T", 0, b"third", KEYS="f")).status is PutMessageStatus.PUT_OK
+        assert store.index_failures == 1 and store.index_gap == second.wrote_offset
+        assert json.loads(cfg.index_gap_path.read_text()) == {"reindexFrom": second.wrote_offset}
+        assert not await store.index_catch_up()  # still no room: the gap stays where it was
+        assert store.index_gap == second.wrote_offset and store.index_failures == 2
+        _mend_index_dir(cfg, saved)
+        assert await store.index_catch_up()
+        assert store.index_gap == -1 and not cfg.index_gap_path.exists()
+        assert (_found(store, "e"), _found(store, "f")) == (1, 1)
+        store.append_message(msg("T", 0, b"fourth", KEYS="g"))  # dispatch indexes as it goes again
+        assert _found(store, "g") == 1 and _found(store, "a") == 1
+    finally:
+        await store.shutdown()
+
+
+async def test_a_restart_indexes_the_records_an_index_failure_left_behind(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "store", max_hash_slot_num=5, max_index_num=5)
+    store = MessageStore(cfg)
+    await store.start()
+    store.append_message(msg("T", 0, b"first", KEYS="a b c d"))
+    saved = _break_index_dir(cfg)
+    second = store.append_message(msg("T", 0, b"second", KEYS="e"))
+    store.append_message(msg("T", 0, b"third", KEYS="f"))
+    await store.shutdown()  # with the gap open
+    assert json.loads(cfg.index_gap_path.read_text()) == {"reindexFrom": second.wrote_offset}
+    _mend_index_dir(cfg, saved)
+    again = MessageStore(cfg)
+    await again.start()
+    try:
+        assert again.index_gap == -1 and not cfg.index_gap_path.exists()
+        assert [_found(again, k) for k in "abcdef"] == [1] * 6  # each once: nothing indexed twice
+    finally:
+        await again.shutdown()
