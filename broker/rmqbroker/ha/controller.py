@@ -23,6 +23,9 @@ from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
 
+# A promotion slower than this logs how long each of its steps took.
+SLOW_PROMOTION_SECONDS = 1.0
+
 # A gauge's samples for /metrics: (label values, value) each.
 Samples = list[tuple[tuple[str, ...], float]]
 
@@ -175,19 +178,28 @@ class ReplicationController:
         # stop() waits for a handshake's epoch adoption still in flight, so begin_epoch below is
         # checked against the epoch that adoption left (a newer master's term makes it a 409)
         # rather than overwritten by the adoption afterwards.
+        steps: list[tuple[str, float]] = [("start", time.monotonic())]
         await self.ha_client.stop()
+        steps.append(("HA client stopped", time.monotonic()))
         await self.metadata_sync.stop()
+        steps.append(("metadata sync stopped", time.monotonic()))
         # Every replicated record gets its consume-queue unit before this broker serves as master;
         # a tail that ends inside a record is cut: the new epoch starts at the last whole one.
         self.store.dispatch_some()
         end = self.store.dispatched_phy_offset()
         if end < self.store.max_phy_offset():
             self._truncate(end)
+        steps.append(("log dispatched", time.monotonic()))
         try:
             await asyncio.to_thread(self.epochs.begin_epoch, epoch, end)
         except EpochError as exc:
             self._apply_role()
             raise RoleChangeError(str(exc)) from exc
+        steps.append(("epoch persisted", time.monotonic()))
+        if steps[-1][1] - steps[0][1] > SLOW_PROMOTION_SECONDS:
+            timings = ", ".join(f"{name} +{(t - prev) * 1000:.0f} ms"
+                                for (name, t), (_, prev) in zip(steps[1:], steps, strict=False))
+            log.warning("slow promotion: %s", timings)
         # Acks this broker took as a master of an earlier term say nothing about the new one.
         self.ha.group_transfer.reset()
         self.ctx.role = role
