@@ -173,6 +173,7 @@ class LocalGroup:
     statuses: dict[int, dict[str, Any] | None] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     watch: Watch = field(default_factory=Watch)
+    _token: str | None = field(default=None, repr=False)
 
     @staticmethod
     def name_of(ordinal: int) -> str:
@@ -180,7 +181,10 @@ class LocalGroup:
 
     @property
     def token(self) -> str:
-        return self.token_file.read_text().strip()
+        """The admin token, read once: the brokers hold it for the run, whatever happens to the file."""
+        if self._token is None:
+            self._token = self.token_file.read_text().strip()
+        return self._token
 
     @property
     def master(self) -> int:

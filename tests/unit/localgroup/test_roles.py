@@ -193,3 +193,13 @@ def test_broker_config_that_would_not_render_as_its_own_line_or_contradicts_the_
     path.write_text(f"kind: BrokerGroup\nmetadata: {{name: x}}\nspec: {spec}\n")
     with pytest.raises(ManifestError, match=message):
         load_manifest(path)
+
+
+def test_the_admin_token_is_read_once_for_the_run(tmp_path: Path) -> None:
+    """The supervisor keeps asking its brokers with the token they started with, even if the file
+    goes (a data directory removed under a running group crashed rmq-local with a traceback)."""
+    g = group(tmp_path)
+    g.token_file.write_text("tok-1\n")
+    assert g.token == "tok-1"
+    g.token_file.unlink()
+    assert g.token == "tok-1"
