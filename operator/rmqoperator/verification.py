@@ -401,8 +401,11 @@ def verdict(job_name_: str, summary: Mapping[str, Any] | None, why_no_report: st
     n_slaves = sum(1 for r in replicas if r.get("role") == "slave")
     trunc = " (summary truncated)" if summary.get("truncated") else ""
     if result == "Passed":
+        gaps = [f"{replica_label(str(r.get('name')))} lacks the first {int(r.get('headGapBytes') or 0)} bytes"
+                for r in replicas if r.get("role") == "slave" and int(r.get("headGapBytes") or 0) > 0]
+        head = f"; head gap: {', '.join(gaps)}" if gaps else ""
         message = (f"{bytes_verified} bytes of the master's commitlog {span} verified on {n_slaves} slave(s), "
-                   f"no mismatch (job {job_name_})").replace("  ", " ")
+                   f"no mismatch{head} (job {job_name_})").replace("  ", " ")
         last["message"] = message
         return Verdict(last, Cond(CONDITION, True, "Verified", message), ("Normal", "ReplicasVerified", message))
     if result == "Failed":

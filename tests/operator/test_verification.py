@@ -326,6 +326,12 @@ def test_clean_report_passes() -> None:
     assert v.condition.type == "ReplicasVerified" and v.condition.status is True
     assert v.condition.reason == "Verified" and "2 slave(s)" in v.condition.message
     assert v.event[:2] == ("Normal", "ReplicasVerified")
+    assert "head gap" not in v.condition.message
+    # A slave whose oldest segments are gone passes, and the message says what it lacks.
+    doc["replicas"][2]["headGapBytes"] = 1 << 20
+    gap = verification.verdict("broker-a-verify-1", doc, None, NOW, done)
+    assert gap.last["result"] == "Passed"
+    assert "head gap: broker-a-2 lacks the first 1048576 bytes" in gap.condition.message, gap.condition.message
 
 
 def test_mismatch_report_fails_and_locates_the_first_mismatch() -> None:

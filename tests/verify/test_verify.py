@@ -81,13 +81,14 @@ def test_flipped_body_byte_on_a_slave(group: Group, tmp_path: Path) -> None:
     bad = start_copy(group, "flip", flip)
     url = f"http://127.0.0.1:{bad.admin_port}"
     try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path)
+        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--chunk-size", "256K")
     finally:
         bad.stop()
     assert code == 1
     (m,) = only_findings(rep, url)
     assert (m["kind"], m["offset"], m["topic"], m["queueId"], m["queueOffset"]) == (
         "body_crc", pos, rec.topic, rec.queue_id, rec.queue_offset)
+    assert f"record at {pos}:" in m["detail"], m  # the commitlog offset, not one inside a fetched chunk
 
 
 def test_truncated_slave_is_lag_not_mismatch(group: Group, tmp_path: Path) -> None:
@@ -116,6 +117,46 @@ def test_truncated_slave_is_lag_not_mismatch(group: Group, tmp_path: Path) -> No
     assert r["mismatchCount"] == 0
     assert r["lagBytes"] == rep["range"]["end"] - cut and r["verifiedRange"] == [0, cut]
     assert r["bytes"] == cut and r["lagRecords"] == len([p for p, _ in recs if p >= cut])
+
+
+def test_padding_after_a_segments_last_record_is_compared(group: Group, tmp_path: Path) -> None:
+    """The end-of-segment blank marker and the padding after it are bytes a slave must hold too."""
+    pos, rec = max(((p, r) for p, r in StoreFiles(group.golden).records() if p < SEG), key=lambda pr: pr[0])
+    blank = pos + rec.total_size  # the first segment's end-of-file marker, then padding up to SEG
+    assert SEG - blank > 16
+    at = blank + 12  # past the marker's size and magic
+
+    def flip(root: Path) -> None:
+        with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+    bad = start_copy(group, "padding", flip)
+    url = f"http://127.0.0.1:{bad.admin_port}"
+    try:
+        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--engine", "local")
+    finally:
+        bad.stop()
+    assert code == 1, rep["replicas"]
+    (m,) = only_findings(rep, url)
+    assert (m["kind"], m["offset"]) == ("non_record_bytes", at), m
+
+
+def test_a_slave_without_the_masters_first_segment_shows_its_head_gap(group: Group, tmp_path: Path) -> None:
+    bad = start_copy(group, "headgap", lambda root: (root / "commitlog" / f"{0:020d}").unlink())
+    url = f"http://127.0.0.1:{bad.admin_port}"
+    term = tmp_path / "termination"
+    try:
+        assert bad.status()["minPhyOffset"] == SEG
+        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--engine", "local",
+                               "--termination-log", str(term))
+    finally:
+        bad.stop()
+    assert code == 0 and replica(rep, url)["headGapBytes"] == SEG
+    short = json.loads(term.read_text())
+    assert [r.get("headGapBytes") for r in short["replicas"]] == [None, None, SEG]
 
 
 def test_slave_record_with_another_topic(group: Group, tmp_path: Path) -> None:
@@ -243,6 +284,32 @@ def test_console_script_local_engine_and_termination_message(group: Group, tmp_p
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert json.loads(term.read_text())["result"] == "error"
+
+
+def test_usage_and_output_errors_are_one_line_and_exit_2(group: Group, tmp_path: Path) -> None:
+    """Bad command lines and outputs that cannot be written: a message, exit 2, no traceback; an
+    output failing after a clean verification keeps the verdict but not exit 0."""
+    exe = str(Path(sys.executable).with_name("rmq-verify"))
+    token = ["--token", group.token]
+    cases: list[tuple[list[str], str]] = [
+        (["--replicas", group.urls[0], "--token-file", str(tmp_path / "absent")], "cannot read the token file"),
+        (["--replicas", group.urls[0], *token, "--spark-conf", "spark.ui.enabled"], "--spark-conf expects KEY=VALUE"),
+        (["--replicas", f"{group.urls[0]},{group.urls[1]},{group.urls[0]}", *token], "more than once"),
+    ]
+    for argv, said in cases:
+        proc = subprocess.run([exe, *argv, "--engine", "local"], capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert proc.returncode == 2 and said in proc.stderr, (argv, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    term = tmp_path / "termination-log"
+    proc = subprocess.run([exe, "--replicas", ",".join(group.urls), *token, "--engine", "local",
+                           "--report", str(tmp_path / "no" / "such" / "dir" / "r.json"), "--configmap", "ns/cm",
+                           "--termination-log", str(term)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot write the report" in proc.stderr and "cannot write the ConfigMap ns/cm" in proc.stderr
+    msg = json.loads(term.read_text())
+    assert msg["result"] == "clean" and msg["exitCode"] == 2 and len(msg["errors"]) == 2
 
 
 def test_termination_summary_is_bounded() -> None:

@@ -32,13 +32,15 @@ chunks; the driver only plans, checks the chunk chain and writes the report)::
         --conf spark.kubernetes.namespace=NS \
         --conf spark.kubernetes.authenticate.driver.serviceAccountName=rmq-verify \
         --conf spark.executor.instances=4 \
-        local:///app/broker/rmqbroker/verify/__main__.py \
+        local:///opt/rmq/lib/python3.11/site-packages/rmqbroker/verify/__main__.py \
         --replicas ... --token-file ... --configmap NS/rmq-verify-GROUP
 
 (under spark-submit the job uses the submitted master; ``--master`` is for plain ``rmq-verify``).
 
 Exit status: 0 clean, 1 mismatches found, 2 a replica could not be verified (unreachable, bad
-token, no usable master).
+token, no usable master), the command line or token file is unusable, or an output (report,
+Parquet, ConfigMap) could not be written after a clean verification (the error is in the report's
+``errors``).
 
 For the operator: reading the result
 ------------------------------------

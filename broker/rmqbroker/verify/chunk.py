@@ -77,6 +77,7 @@ from rmqbroker.verify.model import (
     CQ_WRONG,
     FRAMING,
     MISSING,
+    NON_RECORD_BYTES,
     RECORD,
     RECORD_BYTES,
     UNREACHABLE,
@@ -295,22 +296,28 @@ def _walk_master(task: ChunkTask, win: _Window, sink: _Sink) -> tuple[int | None
     return first, min(pos, end), records
 
 
-def _decode(buf: ReadBuffer, rel: int) -> MessageRecord | str:
+def _decode(buf: ReadBuffer, rel: int, phy: int) -> MessageRecord | str:
     try:
         return decode_record(buf, rel)
     except CorruptRecordError as exc:
-        return str(exc)
+        return _at(exc, rel, phy)
+
+
+def _at(exc: CorruptRecordError, rel: int, phy: int) -> str:
+    """The codec's message, with the record's place in the fetched buffer given as its commitlog
+    offset (the buffer's layout depends on chunking; the report must not)."""
+    return str(exc).replace(f"at {rel}", f"at {phy}", 1)
 
 
 def _compare_record(slave: ReplicaRef, rec: Rec, mbuf: ReadBuffer, mrel: int, sbuf: ReadBuffer, srel: int,
                     sink: _Sink) -> Rec | None:
     """Field-by-field comparison of one record whose bytes differ; the slave's record if it decodes."""
     pos = rec[0]
-    s = _decode(sbuf, srel)
+    s = _decode(sbuf, srel, pos)
     if isinstance(s, str):
         sink.add(_mm(slave, FRAMING, pos, rec, detail=f"replica: {s}"))
         return None
-    m = _decode(mbuf, mrel)
+    m = _decode(mbuf, mrel, pos)
     if isinstance(m, str):  # cannot happen for a walked record, but do not crash on it
         sink.add(_mm(slave, FRAMING, pos, rec, detail=f"master: {m}"))
         return None
@@ -328,7 +335,7 @@ def _compare_record(slave: ReplicaRef, rec: Rec, mbuf: ReadBuffer, mrel: int, sb
     except CorruptRecordError as exc:
         crc_ok = False
         if not differs:
-            sink.add(_mm(slave, BODY_CRC, pos, rec, field="bodyCrc", detail=f"replica: {exc}"))
+            sink.add(_mm(slave, BODY_CRC, pos, rec, field="bodyCrc", detail=f"replica: {_at(exc, srel, pos)}"))
             differs = True
     if not differs:
         other = [n for n in ("flag", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host",
@@ -422,8 +429,37 @@ def _compare_slave(task: ChunkTask, slave: ReplicaRef, client: AdminClient, mwin
         srec = _compare_record(slave, rec, mdata, mrel, sdata, srel, sink)
         if srec is not None:
             own.append(srec)
+    _compare_between_records(slave, records, max(lo, got_from), min(hi, got_to), mdata, mb, sdata, got_from, sink)
     timings.compare += time.perf_counter() - t1
     return own, False
+
+
+def _compare_between_records(slave: ReplicaRef, records: list[Rec], start: int, stop: int, mdata: ReadBuffer,
+                             mb: int, sdata: Raw, sb: int, sink: _Sink) -> None:
+    """The bytes of ``[start, stop)`` that no record covers (a segment's end-of-file blank marker
+    and its padding) must be the master's too: one finding per differing stretch."""
+    cursor = start
+    stretches: list[tuple[int, int]] = []
+    for rec in records:
+        pos, size = rec[0], rec[1]
+        if pos > cursor:
+            stretches.append((cursor, min(pos, stop)))
+        cursor = max(cursor, pos + size)
+        if cursor >= stop:
+            break
+    if cursor < stop:
+        stretches.append((cursor, stop))
+    sview, mview = memoryview(sdata), memoryview(mdata)
+    for a, b in stretches:
+        if a >= b:
+            continue
+        theirs, ours = bytes(sview[a - sb:b - sb]), bytes(mview[a - mb:b - mb])  # padding: small
+        if theirs == ours:
+            continue
+        first = next(i for i in range(b - a) if theirs[i] != ours[i])
+        sink.add(_mm(slave, NON_RECORD_BYTES, a + first,
+                     detail=f"bytes [{a}, {b}) outside records differ from the master's, first at {a + first} "
+                            f"(master {ours[first]:#04x}, replica {theirs[first]:#04x})"))
 
 
 def expected_units(records: list[Rec], delay_levels_ms: tuple[int, ...],

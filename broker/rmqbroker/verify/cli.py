@@ -22,7 +22,15 @@ from rmqbroker.verify.job import (
     verify,
 )
 from rmqbroker.verify.progress import Progress
-from rmqbroker.verify.report import EXIT_ERROR, build_report, summary, write_configmap, write_parquet, write_report
+from rmqbroker.verify.report import (
+    EXIT_CLEAN,
+    EXIT_ERROR,
+    build_report,
+    summary,
+    write_configmap,
+    write_parquet,
+    write_report,
+)
 
 log = logging.getLogger("rmq-verify")
 
@@ -54,7 +62,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress line (auto: only when stdout is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stdout")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    bad_conf = [kv for kv in args.spark_conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
+    if bad_conf:
+        p.error(f"--spark-conf expects KEY=VALUE, got {bad_conf[0]!r}")
+    urls = [u.strip() for u in args.replicas.split(",") if u.strip()]
+    dups = sorted({u for u in urls if urls.count(u) > 1})
+    if dups:
+        p.error(f"--replicas names {', '.join(dups)} more than once")
+    return args
 
 
 def parse_size(text: str) -> int:
@@ -71,6 +87,7 @@ def parse_size(text: str) -> int:
 
 
 def read_token(args: argparse.Namespace) -> str:
+    """The admin token; raises OSError when --token-file cannot be read."""
     if args.token_file:
         return Path(args.token_file).read_text().strip()
     if args.token is not None:
@@ -84,8 +101,9 @@ def _print_summary(report: dict[str, Any]) -> None:
           f"{report['durationSeconds']:.1f}s ({report['engine']})")
     for r in report["replicas"]:
         kinds = ", ".join(f"{k}={v}" for k, v in r["mismatchesByKind"].items()) or "none"
+        gap = f", head gap {r['headGapBytes']} B (starts later than the master)" if r.get("headGapBytes") else ""
         print(f"  {r['role']:6} {r['name']}: {r['records']} records, {r['bytes'] / 1e6:,.1f} MB, "
-              f"lag {r['lagBytes']} B, mismatches {r['mismatchCount']} ({kinds})")
+              f"lag {r['lagBytes']} B{gap}, mismatches {r['mismatchCount']} ({kinds})")
         for m in r["mismatches"][:10]:
             where = f"@{m['offset']}" if m["offset"] is not None else ""
             q = f" {m['topic']}/{m['queueId']}" if m["topic"] is not None else ""
@@ -100,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.time()
-    token = read_token(args)
+    try:
+        token = read_token(args)
+    except OSError as exc:
+        print(f"rmq-verify: cannot read the token file: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     urls = [u.strip() for u in args.replicas.split(",") if u.strip()]
     progress = Progress(None if args.progress == "auto" else args.progress == "on")
     extra: dict[str, float] = {}
@@ -138,18 +160,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Write the requested outputs, the termination message last. An output that cannot be written
+    is an error of the run (exit 2, unless mismatches already make it 1), listed in the report's
+    errors and said on stderr: the verification itself stands."""
+    outputs: list[tuple[str, Any]] = []
     if args.report:
-        write_report(report, args.report)
+        outputs.append((f"the report {args.report}", lambda: write_report(report, args.report)))
     if args.parquet and report["replicas"]:
         # Re-uses the job's SparkContext (or starts one for --engine local).
-        write_parquet(spark_session(args.master), report, args.parquet)
+        outputs.append((f"the Parquet mismatches {args.parquet}",
+                        lambda: write_parquet(spark_session(args.master), report, args.parquet)))
+    if args.configmap:
+        outputs.append((f"the ConfigMap {args.configmap}",
+                        lambda: write_configmap(report, args.configmap, api_url=args.kube_api)))
+    for what, write in outputs:
+        try:
+            write()
+        except Exception as exc:  # OSError, HTTP errors, no in-cluster credentials, Spark's Java errors
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = f"cannot write {what}: {type(exc).__name__}: {reason}"
+            print(f"rmq-verify: {msg}", file=sys.stderr)
+            report["errors"].append(msg)
+            if report["exitCode"] == EXIT_CLEAN:
+                report["exitCode"] = EXIT_ERROR
     if args.termination_log:
         try:
             Path(args.termination_log).write_text(summary(report))
         except OSError as exc:
             log.warning("cannot write the termination message to %s: %s", args.termination_log, exc)
-    if args.configmap:
-        write_configmap(report, args.configmap, api_url=args.kube_api)
 
 
 if __name__ == "__main__":

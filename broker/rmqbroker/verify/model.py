@@ -16,6 +16,7 @@ BODY_CRC = "body_crc"  # BODYCRC does not match the stored body
 RECORD = "record"  # a compared field (physicalOffset, size, bodyCrc, topic, queueId, queueOffset) differs
 RECORD_BYTES = "record_bytes"  # compared fields agree but other bytes differ (properties, timestamps...)
 MISSING = "missing"  # below the replica's max offset, but the replica does not serve the record
+NON_RECORD_BYTES = "non_record_bytes"  # bytes outside records (end-of-segment blank marker, padding) differ
 REPLICA_AHEAD = "replica_ahead"  # a slave's commitlog is longer than the master's
 CHAIN = "chain"  # record boundaries of neighbouring chunks disagree (master framing is broken)
 CQ_MISSING = "cq_missing"  # a record without its consume-queue unit (absent or blank)

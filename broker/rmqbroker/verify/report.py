@@ -114,6 +114,7 @@ def summary(report: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> s
         "mismatchCount": report["mismatchCount"],
         "range": report["range"],
         "replicas": [{"name": r["name"], "role": r["role"], "lagBytes": r["lagBytes"],
+                      **({"headGapBytes": r["headGapBytes"]} if r.get("headGapBytes") else {}),
                       "mismatchCount": r["mismatchCount"], "byKind": r["mismatchesByKind"]}
                      for r in report["replicas"]],
         "errors": [e[:200] for e in report["errors"][:3]],
@@ -173,7 +174,9 @@ def write_configmap(report: dict[str, Any], target: str, api_url: str | None = N
         namespace = (_SA_DIR / "namespace").read_text().strip() if (_SA_DIR / "namespace").exists() else "default"
     ctx: ssl.SSLContext | None = None
     if api_url is None:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise OSError("not in a Kubernetes pod (KUBERNETES_SERVICE_HOST is not set)")
         api_url = f"https://{host}:{port}"
         ctx = ssl.create_default_context(cafile=str(_SA_DIR / "ca.crt"))
     if token is None and (_SA_DIR / "token").exists():
