@@ -312,6 +312,22 @@ def test_usage_and_output_errors_are_one_line_and_exit_2(group: Group, tmp_path:
     assert msg["result"] == "clean" and msg["exitCode"] == 2 and len(msg["errors"]) == 2
 
 
+def test_a_replica_that_never_answers_is_unreachable_after_the_timeout(group: Group, tmp_path: Path) -> None:
+    """A port that accepts connections and never answers (a hung broker) ends the run at --timeout."""
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # connections complete in the backlog; nothing is ever read or written
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--engine", "local", "--timeout", "1")
+        took = time.monotonic() - began
+    assert code == 2 and took < 30, (code, took)
+    assert [m["kind"] for m in replica(rep, url)["mismatches"]] == ["unreachable"]
+
+
 def test_termination_summary_is_bounded() -> None:
     from rmqbroker.verify.report import summary
 

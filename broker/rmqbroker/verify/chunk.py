@@ -572,11 +572,11 @@ def verify_chunk(task: ChunkTask) -> ChunkResult:
         res.stats[r.name] = ReplicaChunkStats()
     sink = _Sink(res, task.max_mismatches)
     master = task.master
-    mclient = AdminClient(master.url, master.token)
+    mclient = AdminClient(master.url, master.token, master.timeout)
     stop = min(task.stop, master.end)
     base = task.forced_start if task.forced_start is not None else task.start
     pool = _io_pool()
-    clients = {s.name: AdminClient(s.url, s.token) for s in task.slaves}
+    clients = {s.name: AdminClient(s.url, s.token, s.timeout) for s in task.slaves}
     # The slaves' bytes of this chunk arrive while the master's records are decoded.
     slave_pre = {s.name: pool.submit(clients[s.name].commitlog, max(base, s.start),
                                      min(stop + task.slack, s.end) - max(base, s.start))

@@ -59,10 +59,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-consume-queues", action="store_true", help="skip the consume-queue checks")
     p.add_argument("--no-metadata", action="store_true", help="skip the metadata checks")
     p.add_argument("--max-mismatches", type=int, default=1000, help="findings kept per replica (all are counted)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="how long one admin request may take before its replica counts as unreachable (default 120)")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress line (auto: only when stdout is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stdout")
     args = p.parse_args(argv)
+    if not args.timeout > 0:
+        p.error("--timeout must be positive")
     bad_conf = [kv for kv in args.spark_conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
     if bad_conf:
         p.error(f"--spark-conf expects KEY=VALUE, got {bad_conf[0]!r}")
@@ -140,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         executor = LocalExecutor()
     opts = VerifyOptions(urls, token, chunk_size=args.chunk_size, parallelism=parallelism,
                          check_consume_queues=not args.no_consume_queues, check_metadata=not args.no_metadata,
-                         max_mismatches=args.max_mismatches)
+                         max_mismatches=args.max_mismatches, timeout=args.timeout)
     try:
         outcome = verify(opts, executor, progress)
     except (AdminError, ValueError) as exc:

@@ -59,6 +59,7 @@ class VerifyOptions:
     check_metadata: bool = True
     max_mismatches: int = 1000
     slack: int = 256 * 1024
+    timeout: float = 120.0  # per admin request, seconds
 
 
 @dataclass
@@ -199,7 +200,8 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None)
 
 
 # -- discovery and planning -----------------------------------------------------------------------
-def discover(urls: Sequence[str], token: str) -> tuple[ReplicaState, list[ReplicaState], list[str]]:
+def discover(urls: Sequence[str], token: str, timeout: float = 120.0,
+             ) -> tuple[ReplicaState, list[ReplicaState], list[str]]:
     """Statuses of every replica (slaves read before the master: see module doc)."""
     if not urls:
         raise ValueError("no replicas given")
@@ -207,7 +209,7 @@ def discover(urls: Sequence[str], token: str) -> tuple[ReplicaState, list[Replic
     errors: list[str] = []
     for url in urls:
         try:
-            statuses[url] = AdminClient(url, token).status()
+            statuses[url] = AdminClient(url, token, timeout).status()
         except AdminError as exc:
             errors.append(str(exc))
     masters = [u for u in urls if u in statuses and statuses[u].get("role") in MASTER_ROLES]
@@ -220,9 +222,10 @@ def discover(urls: Sequence[str], token: str) -> tuple[ReplicaState, list[Replic
     if master_url not in statuses:
         raise AdminError(f"reference replica {master_url} is unreachable: {'; '.join(errors)}")
     # Re-read the master last so its end covers what the slaves had.
-    mstatus = AdminClient(master_url, token).status()
+    mstatus = AdminClient(master_url, token, timeout).status()
     mstart, mend = int(mstatus.get("minPhyOffset", 0)), int(mstatus.get("maxPhyOffset", 0))
-    master = ReplicaState(ReplicaRef(master_url, master_url, token, int(mstatus.get("brokerId", 0)), mstart, mend),
+    master = ReplicaState(ReplicaRef(master_url, master_url, token, int(mstatus.get("brokerId", 0)), mstart, mend,
+                                     timeout),
                           mstatus, True)
     slaves: list[ReplicaState] = []
     for url in urls:
@@ -230,7 +233,8 @@ def discover(urls: Sequence[str], token: str) -> tuple[ReplicaState, list[Replic
             continue
         st = statuses[url]
         smin, smax = int(st.get("minPhyOffset", 0)), int(st.get("maxPhyOffset", 0))
-        ref = ReplicaRef(url, url, token, int(st.get("brokerId", -1)), max(smin, mstart), max(min(smax, mend), mstart))
+        ref = ReplicaRef(url, url, token, int(st.get("brokerId", -1)), max(smin, mstart), max(min(smax, mend), mstart),
+                         timeout)
         state = ReplicaState(ref, st, False)
         state.lag_bytes = max(0, mend - max(smax, mstart))
         state.head_gap_bytes = max(0, min(smin, mend) - mstart)
@@ -240,7 +244,7 @@ def discover(urls: Sequence[str], token: str) -> tuple[ReplicaState, list[Replic
         slaves.append(state)
     for url in urls:
         if url not in statuses:
-            state = ReplicaState(ReplicaRef(url, url, token, -1, mend, mend), {}, False)
+            state = ReplicaState(ReplicaRef(url, url, token, -1, mend, mend, timeout), {}, False)
             state.mismatches.append(Mismatch(url, UNREACHABLE, detail="status unavailable"))
             slaves.append(state)
     return master, slaves, errors
@@ -348,7 +352,7 @@ def check_unit(replica: ReplicaRef, client: AdminClient, topic: str, qid: int, l
 def residual_consume_queues(replica: ReplicaRef, results: Sequence[ChunkResult],
                             delay_levels: tuple[int, ...]) -> tuple[list[Mismatch], int]:
     """Units outside every chunk's logical ranges, and units chunks handed over; (findings, units read)."""
-    client = AdminClient(replica.url, replica.token)
+    client = AdminClient(replica.url, replica.token, replica.timeout)
     covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
     findings: list[Mismatch] = []
     read = 0
@@ -397,7 +401,7 @@ def verify(opts: VerifyOptions, executor: Executor, progress: Progress | None = 
     progress = progress or Progress(enabled=False)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
-    master, slaves, errors = discover(opts.replicas, opts.token)
+    master, slaves, errors = discover(opts.replicas, opts.token, opts.timeout)
     metadata: dict[str, dict[str, Any]] = {}
     delay_levels: tuple[int, ...] = ()
     if opts.check_metadata or opts.check_consume_queues:
@@ -405,7 +409,7 @@ def verify(opts: VerifyOptions, executor: Executor, progress: Progress | None = 
         for st in [*slaves, master]:
             if st.status:
                 try:
-                    metadata[st.ref.name] = AdminClient(st.ref.url, st.ref.token).metadata()
+                    metadata[st.ref.name] = AdminClient(st.ref.url, st.ref.token, st.ref.timeout).metadata()
                 except AdminError as exc:
                     errors.append(str(exc))
         levels = metadata.get(master.ref.name, {}).get("messageDelayLevel")

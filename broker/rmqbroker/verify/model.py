@@ -65,6 +65,7 @@ class ReplicaRef:
     # [start, end): records wholly inside are compared; beyond ``end`` is lag, below ``start`` a head gap.
     start: int
     end: int
+    timeout: float = 120.0  # seconds an admin request may take (a hung broker ends the run, not stalls it)
 
 
 @dataclass(frozen=True, slots=True)
