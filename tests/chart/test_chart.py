@@ -273,10 +273,19 @@ def test_network_policies(render: Render) -> None:
     assert allowed[10912] == [group_pods], "HA port: only the group's own pods"
     assert allowed[10911] == [group_pods, *default_clients], "remoting: the group and its clients"
     assert allowed[10909] == allowed[10911], "the VIP channel (remoting - 2) as remoting"
-    (operator_peer,) = allowed[10916]
+    operator_peer, verify_peer = allowed[10916]
     assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
     assert operator_peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "rmq-operator",
                                                            "app.kubernetes.io/instance": RELEASE}
+    # The group's verification Job reads every broker's admin port; its pods carry these labels.
+    assert verify_peer == {"podSelector": {"matchLabels": {"rmq.brokergroup.dev/group": "broker-a",
+                                                           "app.kubernetes.io/component": "verification"}}}
+    from types import SimpleNamespace
+
+    from rmqoperator import builders
+
+    pod_labels = builders.labels(SimpleNamespace(name="broker-a"), "verification")  # type: ignore[arg-type]
+    assert verify_peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
 
     namesrv = policies[(NAMESPACE, "broker-a-namesrv")]["spec"]
     assert namesrv["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "namesrv"
