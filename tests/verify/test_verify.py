@@ -10,12 +10,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rmqbroker.store.consume_queue import BLANK_SIZE, UNIT
 from rmqbroker.store.record import COMPRESSED, header_size
 from rmqbroker.verify.cli import main
+from tests.support.procs import BrokerProc
 from tests.verify.conftest import SEG, Group, StoreFiles, start_copy
 
 if TYPE_CHECKING:
@@ -41,6 +43,29 @@ def only_findings(report: dict[str, Any], url: str) -> list[dict[str, Any]]:
     r = replica(report, url)
     assert r["mismatchCount"] == len(r["mismatches"])
     return list(r["mismatches"])
+
+
+def verify_copy(group: Group, tmp_path: Path, name: str, mutate: Callable[[Path], None], *extra: str,
+                before: Callable[[BrokerProc], None] | None = None) -> tuple[int, dict[str, Any], str]:
+    """rmq-verify over the master, slave 1 and a copy of the golden slave store after ``mutate``
+    (see ``start_copy``); (exit code, report, the copy's URL). ``before`` looks at the copy first."""
+    bad = start_copy(group, name, mutate)
+    url = f"http://127.0.0.1:{bad.admin_port}"
+    try:
+        if before is not None:
+            before(bad)
+        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, *extra)
+    finally:
+        bad.stop()
+    return code, rep, url
+
+
+def flip_byte(segment: Path, at: int, mask: int) -> None:
+    with open(segment, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
 
 
 def test_clean_group_passes(spark: SparkSession, group: Group, tmp_path: Path) -> None:
@@ -71,19 +96,9 @@ def test_flipped_body_byte_on_a_slave(group: Group, tmp_path: Path) -> None:
     at = pos + header_size(rec.sys_flag) + 7
 
     def flip(root: Path) -> None:
-        seg = root / "commitlog" / f"{pos - pos % SEG:020d}"
-        with open(seg, "r+b") as f:
-            f.seek(at - pos + pos % SEG)
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0x40]))
+        flip_byte(root / "commitlog" / f"{pos - pos % SEG:020d}", at - pos + pos % SEG, 0x40)
 
-    bad = start_copy(group, "flip", flip)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--chunk-size", "256K")
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "flip", flip, "--chunk-size", "256K")
     assert code == 1
     (m,) = only_findings(rep, url)
     assert (m["kind"], m["offset"], m["topic"], m["queueId"], m["queueOffset"]) == (
@@ -105,13 +120,10 @@ def test_truncated_slave_is_lag_not_mismatch(group: Group, tmp_path: Path) -> No
                     fh.seek(cut - start)
                     fh.write(bytes(start + SEG - cut))
 
-    bad = start_copy(group, "trunc", truncate)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
+    def serves_up_to_cut(bad: BrokerProc) -> None:
         assert bad.status()["maxPhyOffset"] == cut
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path)
-    finally:
-        bad.stop()
+
+    code, rep, url = verify_copy(group, tmp_path, "trunc", truncate, before=serves_up_to_cut)
     assert code == 0 and rep["result"] == "clean", rep["replicas"]
     r = replica(rep, url)
     assert r["mismatchCount"] == 0
@@ -126,34 +138,22 @@ def test_padding_after_a_segments_last_record_is_compared(group: Group, tmp_path
     assert SEG - blank > 16
     at = blank + 12  # past the marker's size and magic
 
-    def flip(root: Path) -> None:
-        with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
-            f.seek(at)
-            b = f.read(1)
-            f.seek(at)
-            f.write(bytes([b[0] ^ 0xFF]))
-
-    bad = start_copy(group, "padding", flip)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--engine", "local")
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "padding", lambda root: flip_byte(
+        root / "commitlog" / f"{0:020d}", at, 0xFF), "--engine", "local")
     assert code == 1, rep["replicas"]
     (m,) = only_findings(rep, url)
     assert (m["kind"], m["offset"]) == ("non_record_bytes", at), m
 
 
 def test_a_slave_without_the_masters_first_segment_shows_its_head_gap(group: Group, tmp_path: Path) -> None:
-    bad = start_copy(group, "headgap", lambda root: (root / "commitlog" / f"{0:020d}").unlink())
-    url = f"http://127.0.0.1:{bad.admin_port}"
     term = tmp_path / "termination"
-    try:
+
+    def starts_at_the_second_segment(bad: BrokerProc) -> None:
         assert bad.status()["minPhyOffset"] == SEG
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--engine", "local",
-                               "--termination-log", str(term))
-    finally:
-        bad.stop()
+
+    code, rep, url = verify_copy(group, tmp_path, "headgap", lambda root: (root / "commitlog" / f"{0:020d}").unlink(),
+                                 "--engine", "local", "--termination-log", str(term),
+                                 before=starts_at_the_second_segment)
     assert code == 0 and replica(rep, url)["headGapBytes"] == SEG
     short = json.loads(term.read_text())
     assert [r.get("headGapBytes") for r in short["replicas"]] == [None, None, SEG]
@@ -172,12 +172,7 @@ def test_slave_record_with_another_topic(group: Group, tmp_path: Path) -> None:
             f.seek(-8, os.SEEK_CUR)
             f.write(b"VerifyT3")
 
-    bad = start_copy(group, "topic", retopic)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path)
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "topic", retopic)
     assert code == 1
     found = only_findings(rep, url)
     record = [m for m in found if m["kind"] == "record"]
@@ -208,12 +203,7 @@ def test_missing_and_wrong_consume_queue_units(group: Group, tmp_path: Path) -> 
             fh.seek(wrong_at * 20)
             fh.write(UNIT.pack(wrong_phy, wrong_size, wrong_tags + 1))
 
-    bad = start_copy(group, "cq", damage)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path)
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "cq", damage)
     assert code == 1
     found = sorted(only_findings(rep, url), key=lambda m: m["queueOffset"])
     assert [(m["kind"], m["offset"], m["topic"], m["queueId"], m["queueOffset"], m["field"]) for m in found] == [
@@ -231,12 +221,7 @@ def test_subscription_group_missing_on_a_slave(group: Group, tmp_path: Path) -> 
         del obj["subscriptionGroupTable"]["CG_VERIFY_B"]  # DataVersion unchanged: no sync would notice
         path.write_text(json.dumps(obj))
 
-    bad = start_copy(group, "group", drop_group)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path)
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "group", drop_group)
     assert code == 1
     (m,) = only_findings(rep, url)
     assert m["kind"] == "subscription_group" and m["field"] == "subscriptionGroupTable.CG_VERIFY_B"
@@ -250,12 +235,7 @@ def test_slave_consumer_offset_ahead_of_master(group: Group, tmp_path: Path) -> 
         obj["offsetTable"]["VerifyT3@CG_VERIFY_A"]["2"] += 5
         path.write_text(json.dumps(obj))
 
-    bad = start_copy(group, "offsets", bump)
-    url = f"http://127.0.0.1:{bad.admin_port}"
-    try:
-        code, rep = run_verify([*group.urls[:2], url], group.token, tmp_path, "--no-consume-queues")
-    finally:
-        bad.stop()
+    code, rep, url = verify_copy(group, tmp_path, "offsets", bump, "--no-consume-queues")
     assert code == 1
     (m,) = only_findings(rep, url)
     assert (m["kind"], m["topic"], m["queueId"], m["field"], m["expected"], m["actual"]) == (
