@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from rmqbroker.metadata.errors import MetadataError, MetadataFormatError, MetadataPersistError
-from rmqbroker.metadata.jsonfile import BAK_SUFFIX, atomic_write, load_decoded_with_backup
+from rmqbroker.metadata.jsonfile import atomic_write, load_decoded_with_backup
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,8 @@ def save(path: Path, offset: int) -> None:
 
 
 def clear(path: Path) -> None:
-    """The gap is closed; blocking."""
-    for p in (path, path.with_name(path.name + BAK_SUFFIX)):
-        try:
-            p.unlink(missing_ok=True)
-        except OSError as exc:
-            raise MetadataPersistError(f"cannot remove {p}: {exc}") from exc
+    """The gap is closed; blocking. (``save`` keeps no ``.bak``.)"""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise MetadataPersistError(f"cannot remove {path}: {exc}") from exc

@@ -1040,7 +1040,7 @@ class MessageStore:
             await asyncio.sleep(0)
         log.warning("indexed the records of commitlog [%d, %d) that a failure had left behind", began, stopped)
         try:
-            index_gap.clear(self.config.index_gap_path)  # two unlinks: on the loop, so no failure slips in
+            index_gap.clear(self.config.index_gap_path)  # one unlink: on the loop, so no failure slips in
             self._index_gap_saved = -1
         except MetadataError as exc:
             log.error("cannot remove %s (a restart indexes those records again): %s",

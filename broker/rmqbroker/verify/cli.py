@@ -70,8 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bad_conf = [kv for kv in args.spark_conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
     if bad_conf:
         p.error(f"--spark-conf expects KEY=VALUE, got {bad_conf[0]!r}")
-    urls = [u.strip() for u in args.replicas.split(",") if u.strip()]
-    dups = sorted({u for u in urls if urls.count(u) > 1})
+    # The list, parsed once: main() verifies exactly what was checked here.
+    args.replicas = [u.strip() for u in args.replicas.split(",") if u.strip()]
+    dups = sorted({u for u in args.replicas if args.replicas.count(u) > 1})
     if dups:
         p.error(f"--replicas names {', '.join(dups)} more than once")
     return args
@@ -127,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"rmq-verify: cannot read the token file: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    urls = [u.strip() for u in args.replicas.split(",") if u.strip()]
     progress = Progress(None if args.progress == "auto" else args.progress == "on")
     extra: dict[str, float] = {}
     sc = None
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         parallelism = 1
         executor = LocalExecutor()
-    opts = VerifyOptions(urls, token, chunk_size=args.chunk_size, parallelism=parallelism,
+    opts = VerifyOptions(args.replicas, token, chunk_size=args.chunk_size, parallelism=parallelism,
                          check_consume_queues=not args.no_consume_queues, check_metadata=not args.no_metadata,
                          max_mismatches=args.max_mismatches, timeout=args.timeout)
     try:
