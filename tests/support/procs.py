@@ -230,8 +230,12 @@ class BrokerProc(Proc):
         tok = self.token if token == "default" else token
         if tok:
             req.add_header("Authorization", f"Bearer {tok}")
+        # A role change persists the epoch file; on a loaded CI machine two promotions took just
+        # over 10 s (cause not shown; the broker now logs a slow promotion's steps). The operator
+        # allows control calls 15 s; the suite allows 30 s so such a stall is logged, not fatal.
+        timeout = 10 if method == "GET" else 30
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
