@@ -194,7 +194,8 @@ class Broker:
             # show the new permission before the answer goes back.
             self.topics.next_data_version()
             try:
-                await asyncio.wait_for(self.register_all(), REGISTER_TIMEOUT_S)
+                async with asyncio.timeout(REGISTER_TIMEOUT_S):
+                    await self.register_all()
             except TimeoutError:
                 log.warning("re-registration after the brokerPermission change timed out; the registration "
                             "loop retries")
@@ -333,7 +334,8 @@ class Broker:
             self._register_event.clear()
             try:
                 # A nameserver that was unreachable is retried soon, not a whole period later.
-                await asyncio.wait_for(self._register_event.wait(), period if complete else 3.0)
+                async with asyncio.timeout(period if complete else 3.0):
+                    await self._register_event.wait()
                 # Coalesce bursts of topic changes (e.g. many auto-created topics) into one register.
                 await asyncio.sleep(0.05)
             except TimeoutError:

@@ -409,7 +409,8 @@ class HAConnection(asyncio.Protocol):
         fut = self._bulk
         if fut is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(fut), 5)
+                async with asyncio.timeout(5):
+                    await asyncio.shield(fut)
 
 
 class HAService:
@@ -522,7 +523,8 @@ class HAService:
             for conn in conns:
                 await conn.wait_idle()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
             self._server = None
         self.executor.shutdown(wait=False)
         self.group_transfer.fail_all()

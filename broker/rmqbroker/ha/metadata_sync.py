@@ -80,7 +80,8 @@ class SlaveMetadataSync:
         while True:
             self._restart.clear()
             try:
-                await asyncio.wait_for(self._restart.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._restart.wait()
                 # Re-pointed: sync against the new master after the initial delay again.
                 delay = self.initial_delay
                 continue

@@ -614,7 +614,8 @@ class HAClient:
 
     async def _wait_change(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     async def _follow(self, addr: str) -> None:
         if self._legacy_next == addr and self.epochs is not None and self.epochs.fenced:

@@ -146,10 +146,9 @@ class RemotingClient:
             loop = asyncio.get_running_loop()
             ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
             try:
-                _, proto = await asyncio.wait_for(
-                    loop.create_connection(lambda: _ClientConnection(self, addr), host, port,
-                                           ssl=ctx),
-                    self.connect_timeout)
+                async with asyncio.timeout(self.connect_timeout):
+                    _, proto = await loop.create_connection(lambda: _ClientConnection(self, addr), host, port,
+                                                            ssl=ctx)
             except (OSError, TimeoutError) as exc:
                 raise RemotingConnectError(f"cannot connect to {addr}: {exc}") from exc
             self._conns[addr] = proto
@@ -163,7 +162,8 @@ class RemotingClient:
         conn.pending[cmd.opaque] = fut
         try:
             conn.write(cmd)
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError as exc:
             raise RemotingTimeoutError(
                 f"request code {cmd.code} to {addr} timed out after {timeout:.1f}s") from exc

@@ -379,7 +379,8 @@ class Connection(asyncio.Protocol):
         self._pending[opaque] = fut
         self.send_response(cmd)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError as exc:
             raise PeerRequestError(f"{self.remote_addr} did not answer request {cmd.code} within {timeout}s") \
                 from exc

@@ -387,7 +387,8 @@ class SniffingListener:
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         conn.setblocking(False)
         try:
-            first = await asyncio.wait_for(_peek(conn), self.sniff_timeout)
+            async with asyncio.timeout(self.sniff_timeout):
+                first = await _peek(conn)
         except asyncio.CancelledError:
             conn.close()  # the server is stopping
             raise
