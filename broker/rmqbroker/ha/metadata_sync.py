@@ -67,13 +67,14 @@ class SlaveMetadataSync:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="slave-metadata-sync")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # asyncio.wait, not ``await task``: a cancellation of the caller itself must not be
+            # taken for the task's own and swallowed with it.
+            await asyncio.wait({task})
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.warning("slave metadata sync ended with %r", exc)
 
     async def _run(self) -> None:
         delay = self.initial_delay
