@@ -36,6 +36,7 @@ from rmqoperator.failover import (
     follows,
     observe,
     plan_alignment,
+    reported_master,
 )
 from rmqoperator.k8s import ApiError, KubeApi
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas, volume_resizes
@@ -116,7 +117,7 @@ class GroupController:
             status = body.get("status") or {}
             self.state = GroupState.from_status(status)
             ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-            self.memory.served_before = ready or self.state.epoch > 0
+            self.memory.served_before = ready or self.state.epoch > 0 or status.get("established") is True
             self.last_status = dict(body.get("status") or {}) or None
             lf = (body.get("status") or {}).get("lastFailover")
             self.last_failover = dict(lf) if isinstance(lf, Mapping) else None
@@ -345,7 +346,11 @@ class GroupController:
                 return
             now = time.monotonic()
             views = await self._observe(spec)
+            if not self.paused:
+                await self._adopt_reported_master(spec, views)
             observe(self.memory, spec, self.state.master_pod(spec), views, now)
+            if self.memory.seen_healthy:
+                self.memory.served_before = True
             decision = decide_failover(spec, self.state, views, self.memory, now)
             await self._announce_failover(spec, decision)
             if not self.paused:
@@ -470,12 +475,39 @@ class GroupController:
         await self._write_status(spec)
         return True
 
+    async def _adopt_reported_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> None:
+        """Follow a master of a newer epoch than the status records (a promotion whose status write
+        was lost before an operator restart): the assignment, ConfigMap and status catch up with it."""
+        assert self.state is not None
+        found = reported_master(self.state, views)
+        if found is None:
+            return
+        pod, epoch = found
+        ordinal = builders.pod_ordinal(pod)
+        assert ordinal is not None
+        recorded, recorded_epoch = self.state.master_pod(spec), self.state.epoch
+        if pod == recorded:
+            self.state = dataclasses.replace(self.state, epoch=epoch)
+        else:
+            self.state = self.state.promoted(spec, ordinal, epoch)
+        self.memory.served_before = True
+        log.warning("%s/%s: %s is master at epoch %d, newer than the recorded master %s at epoch %d; following it",
+                    self.namespace, self.name, pod, epoch, recorded, recorded_epoch)
+        await self._event("Warning", "MasterAdopted",
+                          f"{pod} is master at epoch {epoch}, newer than the recorded master {recorded} at epoch "
+                          f"{recorded_epoch} (a promotion whose status was not written): the group follows it")
+        try:
+            await self.api.apply(builders.config_map(spec, self.state.assignment))
+        except ApiError as exc:
+            log.error("%s/%s: ConfigMap not updated after adopting %s: %s", self.namespace, self.name, pod, exc)
+        await self._write_status(spec)
+
     async def _align(self, spec: GroupSpec, views: Mapping[str, PodView], now: float) -> None:
         assert self.state is not None
         token = self.token or ""
         failed: set[str] = set()
         for action in plan_alignment(spec, self.state, views, self.memory, now):
-            if action.pod in failed:
+            if action.pod in failed or (action.after_demotion and failed):
                 continue
             view = views[action.pod]
             try:
@@ -563,6 +595,8 @@ class GroupController:
         status["phase"] = phase(conds, health) if spec is not None else "Invalid"
         if self.last_failover:
             status["lastFailover"] = self.last_failover
+        if self.memory.served_before:
+            status["established"] = True
         if self.roll is not None:
             status["rolling"] = {"pending": list(self.roll.pending)}
         status.update(self.verifier.status_fields())

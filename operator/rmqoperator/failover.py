@@ -117,6 +117,8 @@ class Action:
     ha_address: str | None = None
     broker_address: str | None = None
     reason: str = ""
+    # A master's re-registration after a demotion in the same round: pointless if that failed.
+    after_demotion: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,29 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
         memory.lost_since = now
 
 
+def has_served(pods: Mapping[str, PodView]) -> bool:
+    """Whether a reachable broker shows the group has served before (data or a failover): its
+    master, if down now, was lost and is not still starting, even to an operator that has just
+    started and finds no Ready status."""
+    return any(p.broker is not None and (p.broker.max_offset > 0 or p.broker.epoch > 0) for p in pods.values())
+
+
+def reported_master(state: GroupState, pods: Mapping[str, PodView]) -> tuple[str, int] | None:
+    """A reachable master of a newer epoch than the persisted state (pod name, epoch), if any.
+
+    Epochs only grow and a broker refuses any older one, so such a master is the group's master:
+    a promotion whose status write was lost, then an operator restart, leaves the state naming the
+    old master at the old epoch. Acting on that state would restart the old master as a master
+    from the ConfigMap beside the real one.
+    """
+    newer = [(p.broker.epoch, p.broker.max_offset, name) for name, p in pods.items()
+             if p.broker is not None and p.broker.is_master and not p.deleting and p.broker.epoch > state.epoch]
+    if not newer:
+        return None
+    epoch, _, name = max(newer)
+    return name, epoch
+
+
 def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: Mapping[str, PodView],
                      memory: MasterMemory) -> tuple[str | None, str]:
     """The slave to promote, or None and why none is safe (the rule is :mod:`rmqbroker.ha.election`)."""
@@ -225,7 +250,7 @@ def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVi
     mv = pods.get(master_pod)
     if master_healthy(mv):
         return FailoverDecision("none", "MasterHealthy")
-    if not memory.seen_healthy and not memory.served_before:
+    if not memory.seen_healthy and not memory.served_before and not has_served(pods):
         # A new group whose master pod is still being scheduled or pulling its image.
         return FailoverDecision("wait", "MasterStarting", f"waiting for master {master_pod} to start")
     lost_for = now - (memory.lost_since if memory.lost_since is not None else now)
@@ -288,7 +313,8 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
         # and the nameservers drop brokerId 0 until the real master's next periodic registration.
         # A same-role POST /role makes the master re-register at once.
         actions.append(Action("set_mode", mv.name, role=mv.broker.role, broker_id=0, epoch=state.epoch,
-                              reason="re-register as brokerId 0 after demoting a former master"))
+                              reason="re-register as brokerId 0 after demoting a former master",
+                              after_demotion=True))
     return actions
 
 

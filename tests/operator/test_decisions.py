@@ -16,6 +16,7 @@ from rmqoperator.failover import (
     fence_targets,
     observe,
     plan_alignment,
+    reported_master,
 )
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
 from rmqoperator.rolling import next_restart
@@ -149,7 +150,7 @@ def test_failover_disabled_and_new_group_starting() -> None:
     d, _ = healthy_then_lost(off, pods(master(), slave(1)), pods(down(master()), slave(1)), lost_for=100)
     assert (d.action, d.reason) == ("blocked", "FailoverDisabled")
     mem = MasterMemory()
-    never = pods(down(master()), slave(1))
+    never = pods(down(master()), slave(1, offset=0, epoch=0))  # a new group: no data, no failover yet
     observe(mem, SPEC, "g-0", never, 0.0)
     assert decide_failover(SPEC, STATE, never, mem, 1000.0).reason == "MasterStarting"
     mem.served_before = True  # an operator restarted while the master was down
@@ -331,3 +332,22 @@ def test_a_volume_that_was_not_resized_degrades_the_group() -> None:
     conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health(storage_note="volumes not resized: x"))}
     assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "VolumeNotResized")
     assert conds["Ready"].status is True
+
+
+# ---------------------------------------------------------------- state behind the brokers
+def test_a_master_down_at_operator_start_is_lost_when_the_brokers_show_the_group_served() -> None:
+    """No Ready status and no memory (a restarted operator): slaves holding data or a later epoch
+    mean the master was lost; empty slaves mean a new group still starting."""
+    fresh = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=0)
+    empty = pods(down(master()), slave(1, offset=0, epoch=0), slave(2, offset=0, epoch=0))
+    assert decide_failover(SPEC, fresh, empty, MasterMemory(), 0.0).reason == "MasterStarting"
+    served = pods(down(master()), slave(1, offset=4096, epoch=0), slave(2, offset=0, epoch=0))
+    assert decide_failover(SPEC, fresh, served, MasterMemory(), 0.0).reason == "MasterLost"
+
+
+def test_a_reachable_master_of_a_newer_epoch_is_reported() -> None:
+    newer = master(name="g-1", epoch=4)
+    assert reported_master(STATE, pods(down(master()), newer, slave(2, epoch=4))) == ("g-1", 4)
+    assert reported_master(STATE, pods(master(), slave(1), slave(2))) is None  # same epoch: nothing new
+    # A slave of a newer epoch is not a master; the highest epoch wins among masters.
+    assert reported_master(STATE, pods(master(), slave(1, epoch=5), master(name="g-2", epoch=4))) == ("g-2", 4)

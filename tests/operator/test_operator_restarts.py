@@ -1,0 +1,85 @@
+"""The operator restarted while its recorded state is behind the brokers (real kopf, emulated API,
+fake broker pods): the master died before the restart, or a promotion's status write was lost."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from rmqbroker.properties import parse_properties
+from rmqoperator import k8s
+from tests.operator.conftest import example
+from tests.operator.emulator import OperatorHarness, condition, wait_for
+from tests.operator.podrunner import FakeBackend, PodRunner
+
+NAME = "broker-a"
+MASTERS = ("SYNC_MASTER", "ASYNC_MASTER")
+
+
+def status(h: OperatorHarness) -> dict[str, Any]:
+    return dict((h.client.group(NAME) or {}).get("status") or {})
+
+
+def roles_in_config(h: OperatorHarness) -> dict[str, str]:
+    cm = h.client.get("v1", "configmaps", "broker-a-config") or {}
+    return {k: parse_properties(v)["brokerRole"] for k, v in (cm.get("data") or {}).items()}
+
+
+def wait_in_sync(h: OperatorHarness, n: int) -> None:
+    wait_for(lambda: status(h).get("inSyncReplicas") == n
+             and condition(h.client.group(NAME), "Ready").get("status") == "True", 25, f"{n} in sync")
+
+
+def test_an_operator_restarted_while_the_master_is_down_still_fails_over(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The first operator wrote Ready=False when the master died; the restarted one must not take
+    the group for a new one whose master is still starting (it never promoted before)."""
+    h, (runner, _) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 3}))
+    wait_in_sync(h, 3)
+    assert status(h).get("established") is True
+    runner.kill("broker-a-0")
+    wait_for(lambda: condition(h.client.group(NAME), "Ready").get("status") == "False", 10, "Ready=False")
+    h.stop_operator()
+    h.start_operator()
+    st = wait_for(lambda: status(h).get("master") not in (None, "broker-a-0") and status(h), 30,
+                  "a promotion by the restarted operator")
+    assert st["epoch"] == 1 and len(h.client.events("Promoted")) == 1
+
+
+def test_a_promotion_whose_status_was_lost_is_adopted_after_a_restart(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The promotion reached the broker, the status write did not, and the operator restarted: the
+    new operator follows the broker's newer epoch instead of restoring the old master from the
+    recorded state (which made the old master a second master when it came back)."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_in_sync(h, 3)
+    failing = True
+    real_patch = k8s.KubeApi.patch_group_status
+
+    async def flaky(self: k8s.KubeApi, namespace: str, name: str, st: dict[str, Any]) -> Any:
+        if failing:
+            raise k8s.ApiError(503, "ServiceUnavailable", "etcd leader change")
+        return await real_patch(self, namespace, name, st)
+
+    monkeypatch.setattr(k8s.KubeApi, "patch_group_status", flaky)
+    runner.kill("broker-a-0")
+    wait_for(lambda: fakes.brokers["broker-a-1"].role in MASTERS, 20, "broker-a-1 promoted at the broker")
+    assert status(h).get("master") == "broker-a-0" and status(h).get("epoch") == 0  # never written
+    h.stop_operator()
+    failing = False
+    h.start_operator()
+    st = wait_for(lambda: status(h).get("master") == "broker-a-1" and status(h), 15, "the promotion adopted")
+    assert st["epoch"] == 1 and st["pendingDemotion"] == ["broker-a-0"]
+    assert h.client.events("MasterAdopted")
+    config = wait_for(lambda: (c := roles_in_config(h))["broker-1.conf"] in MASTERS and c, 10, "ConfigMap")
+    assert config["broker-0.conf"] == "SLAVE"
+    runner.restart("broker-a-0")  # the old master comes back from the ConfigMap
+    wait_in_sync(h, 3)
+    time.sleep(2)
+    masters = [n for n, b in fakes.brokers.items() if "namesrv" not in n and b.role in MASTERS]
+    assert masters == ["broker-a-1"]
+    assert status(h)["pendingDemotion"] == []
