@@ -68,10 +68,13 @@ def pod_view(pod: Mapping[str, Any], broker: BrokerView | None) -> PodView:
                           if c.get("type") == "PodScheduled" and c.get("status") == "False"
                           and c.get("reason") == "Unschedulable"), None)
     name = str(meta.get("name", ""))
+    # "started" is set by every kubelet since Kubernetes 1.16; a running container without it counts.
+    started = any(c.get("started") is True or ("started" not in c and "running" in (c.get("state") or {}))
+                  for c in st.get("containerStatuses") or [])
     return PodView(name=name, ordinal=builders.pod_ordinal(name) or 0, ip=st.get("podIP") or None, ready=ready,
                    deleting=bool(meta.get("deletionTimestamp")),
                    config_hash=(meta.get("annotations") or {}).get(builders.CONFIG_HASH_ANNOTATION),
-                   broker=broker, unschedulable=unschedulable)
+                   broker=broker, unschedulable=unschedulable, started=started)
 
 
 class GroupController:

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 # An unreachable slave that has not followed the current master is deleted (restarted from the
-# ConfigMap, which names the current master) after this long.
+# ConfigMap, which names the current master) after this long, once its container has started: one
+# still in its startup window (store recovery, image pull) is left to its startup probe.
 REPOINT_GRACE_SECONDS = 15.0
 
 
@@ -81,6 +82,9 @@ class PodView:
     config_hash: str | None = None
     broker: BrokerView | None = None  # None: admin endpoint unreachable
     unschedulable: str | None = None  # the scheduler's reason when it cannot place the pod
+    # The broker container passed its startup probe (the kubelet's ``started``): until then it may
+    # still be recovering its store, which can take minutes, and is left to the probe.
+    started: bool = True
 
     @property
     def reachable(self) -> bool:
@@ -293,7 +297,8 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
         b = p.broker
         if b is None:
             since = max(memory.unreachable_since.get(name, now), memory.master_changed_at)
-            if (p.ip and memory.following.get(name) != master_pod and now - since >= REPOINT_GRACE_SECONDS):
+            if (p.ip and p.started and memory.following.get(name) != master_pod
+                    and now - since >= REPOINT_GRACE_SECONDS):
                 actions.append(Action("delete_pod", name, reason="unreachable and not following the current "
                                                                  f"master {master_pod}"))
             continue

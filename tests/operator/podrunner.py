@@ -67,6 +67,8 @@ class Container:
     ready: bool = False
     exited: bool = False
     restarts: int = 0
+    # The kubelet's containerStatuses[].started: the startup probe has passed since the start.
+    probed: bool = False
 
 
 class Backend(Protocol):
@@ -223,6 +225,7 @@ class PodRunner:
                 self._start(name, pod, restarts)
             elif not c.exited:
                 c.ready = self._probe(pod, self.ips[name])
+                c.probed = c.probed or c.ready
             return
         if name in self.held:
             return
@@ -328,7 +331,8 @@ class PodRunner:
         ip = self.ips.get(name)
         running = c is not None and not c.exited
         ready = bool(c and c.ready and running)
-        key = (ip, ready, running, c.restarts if c else 0)
+        started = bool(c and c.probed and running)
+        key = (ip, ready, running, started, c.restarts if c else 0)
         if self._published.get(name) == key:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -338,8 +342,8 @@ class PodRunner:
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now},
                            {"type": "ContainersReady", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": "main", "ready": ready, "restartCount": c.restarts if c else 0,
-                                   "state": state}],
+            "containerStatuses": [{"name": "main", "ready": ready, "started": started,
+                                   "restartCount": c.restarts if c else 0, "state": state}],
         }
         try:
             self.client.patch("v1", "pods", name, {"status": status}, sub="status")

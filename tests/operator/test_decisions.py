@@ -201,6 +201,10 @@ def test_unreachable_slave_is_deleted_only_after_the_grace_and_when_not_followin
     mem.following["g-2"] = "g-1"  # it did follow the new master before going away: leave it to the kubelet
     actions = plan_alignment(SPEC, state, views, mem, 10.0 + REPOINT_GRACE_SECONDS)
     assert [a.pod for a in actions if a.kind == "delete_pod"] == ["g-0"]
+    # A container still in its startup window (recovering its store) is left to its startup probe.
+    starting = {**views, "g-0": dataclasses.replace(views["g-0"], started=False)}
+    actions = plan_alignment(SPEC, state, starting, mem, 10.0 + REPOINT_GRACE_SECONDS)
+    assert [a.pod for a in actions if a.kind == "delete_pod"] == []
 
 
 # ---------------------------------------------------------------- rolling

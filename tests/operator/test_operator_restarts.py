@@ -1,15 +1,20 @@
-"""The operator restarted while its recorded state is behind the brokers (real kopf, emulated API,
-fake broker pods): the master died before the restart, or a promotion's status write was lost."""
+"""Restarts the operator must ride out (real kopf, emulated API, fake broker pods): its own while its
+recorded state is behind the brokers (the master died before, a promotion's status write was lost),
+and a broker's that takes longer than the re-point grace to answer (store recovery)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rmqbroker.properties import parse_properties
 from rmqoperator import k8s
+from rmqoperator.failover import REPOINT_GRACE_SECONDS
 from tests.operator.conftest import example
 from tests.operator.emulator import OperatorHarness, condition, wait_for
 from tests.operator.podrunner import FakeBackend, PodRunner
@@ -83,3 +88,71 @@ def test_a_promotion_whose_status_was_lost_is_adopted_after_a_restart(
     masters = [n for n, b in fakes.brokers.items() if "namesrv" not in n and b.role in MASTERS]
     assert masters == ["broker-a-1"]
     assert status(h)["pendingDemotion"] == []
+
+
+# A restarted broker answers on its admin port only this long after its container starts (as while
+# it recovers a large store), longer than the grace after which an unreachable slave is deleted.
+SLOW_SECONDS = REPOINT_GRACE_SECONDS + 7
+
+
+class _Starting:
+    def __init__(self) -> None:
+        self.real: Any = None
+        self.cancelled = False
+
+
+class SlowStartBackend(FakeBackend):
+    """Fake brokers; those named in ``slow`` start serving SLOW_SECONDS after their container starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow: set[str] = set()
+
+    def start(self, runner: PodRunner, pod: dict[str, Any], ip: str, files: dict[str, Path],
+              env: dict[str, str], args: list[str]) -> Any:
+        if pod["metadata"]["name"] not in self.slow:
+            return super().start(runner, pod, ip, files, env, args)
+        handle = _Starting()
+
+        def serve_later() -> None:
+            time.sleep(SLOW_SECONDS)
+            if not handle.cancelled:
+                handle.real = FakeBackend.start(self, runner, pod, ip, files, env, args)
+
+        threading.Thread(target=serve_later, daemon=True).start()
+        return handle
+
+    def stop(self, handle: Any, kill: bool = False) -> None:
+        if isinstance(handle, _Starting):
+            handle.cancelled = True
+            if handle.real is not None:
+                super().stop(handle.real, kill)
+            return
+        super().stop(handle, kill)
+
+
+@pytest.fixture
+def slow_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, SlowStartBackend]]:
+    backend = SlowStartBackend()
+    runner = PodRunner(harness.client, tmp_path, backend).start()
+    try:
+        yield runner, backend
+    finally:
+        runner.close()
+        backend.close()
+
+
+def test_an_old_master_recovering_its_store_is_not_deleted_while_it_starts(
+        harness: OperatorHarness, slow_pods: tuple[PodRunner, SlowStartBackend]) -> None:
+    """Unreachable and not following the new master for longer than the grace, but its container has
+    not passed its startup probe yet: left to start (it was deleted every 15 s, for ever)."""
+    h, (runner, backend) = harness, slow_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_in_sync(h, 3)
+    runner.kill("broker-a-0")
+    wait_for(lambda: status(h).get("master") not in (None, "broker-a-0"), 20, "promotion")
+    backend.slow.add("broker-a-0")
+    runner.restart("broker-a-0")
+    wait_for(lambda: status(h).get("inSyncReplicas") == 3 and status(h).get("pendingDemotion") == [],
+             SLOW_SECONDS + 20, "the old master started, demoted and in sync")
+    assert not h.client.events("PodDeleted")
