@@ -184,11 +184,20 @@ class GroupController:
     async def _apply(self, spec: GroupSpec) -> None:
         assert self.state is not None
         sts_replicas, note = statefulset_replicas(spec.replicas, self.state)
+        running = len(self.state.assignment)
+        if sts_replicas < running and self.failover is not None and self.failover.action != "none":
+            # The election counts the slaves that followed the lost master; removing one now would
+            # block a SYNC failover for good. The scale-down is carried out once the group settles.
+            sts_replicas, note = running, (f"scale-down to {spec.replicas} deferred while the master is "
+                                           f"unavailable ({self.failover.reason})")
         if note and note != self.scale_note:
             await self._event("Warning", "ScaleDownRefused", note)
         self.scale_note = note
-        self.state = dataclasses.replace(self.state, assignment=complete_assignment(self.state.assignment,
-                                                                                    sts_replicas))
+        assignment = complete_assignment(self.state.assignment, sts_replicas)
+        kept = {builders.pod_name(spec, o) for o in assignment}
+        # A former master scaled away has nothing left to demote.
+        self.state = dataclasses.replace(self.state, assignment=assignment, pending_demotion=tuple(
+            p for p in self.state.pending_demotion if p in kept))
         await self._ensure_token(spec)
         changed = []
         prev = self.spec
@@ -375,6 +384,14 @@ class GroupController:
                     except ApiError as exc:
                         log.warning("%s/%s: volume check failed: %s", self.namespace, self.name, exc)
             self.failover = decision
+            if (self.scale_note and decision.action == "none" and not self.paused and self.invalid is None
+                    and statefulset_replicas(spec.replicas, self.state)[1] is None):
+                # A scale-down refused (the master was among the removed ordinals) or deferred
+                # (failing over) is carried out once that no longer holds.
+                try:
+                    await self._apply(spec)
+                except ApiError as exc:
+                    log.warning("%s/%s: scale-down not applied: %s", self.namespace, self.name, exc)
             self.rows = replica_rows(spec, self.state, views)
             await self._announce_disks()
             await self._verify(spec, body)
@@ -459,6 +476,7 @@ class GroupController:
             return False
         took = time.monotonic() - lost_since
         self.state = self.state.promoted(spec, cand.ordinal, decision.epoch)
+        self._forget_following(self.state.pending_demotion)
         self.last_failover = {"time": now_iso(), "from": old_master or "", "to": cand.name, "epoch": decision.epoch,
                               "detectionToPromotionSeconds": round(took, 3)}
         metrics.FAILOVERS.labels(self.namespace, self.name, "ok").inc()
@@ -493,6 +511,7 @@ class GroupController:
             self.state = dataclasses.replace(self.state, epoch=epoch)
         else:
             self.state = self.state.promoted(spec, ordinal, epoch)
+            self._forget_following(self.state.pending_demotion)
         self.memory.served_before = True
         log.warning("%s/%s: %s is master at epoch %d, newer than the recorded master %s at epoch %d; following it",
                     self.namespace, self.name, pod, epoch, recorded, recorded_epoch)
@@ -504,6 +523,12 @@ class GroupController:
         except ApiError as exc:
             log.error("%s/%s: ConfigMap not updated after adopting %s: %s", self.namespace, self.name, pod, exc)
         await self._write_status(spec)
+
+    def _forget_following(self, pods: tuple[str, ...]) -> None:
+        """Former masters to demote: that they followed some master in an earlier term must not
+        settle their demotion."""
+        for pod in pods:
+            self.memory.following.pop(pod, None)
 
     async def _align(self, spec: GroupSpec, views: Mapping[str, PodView], now: float) -> None:
         assert self.state is not None

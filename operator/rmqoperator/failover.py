@@ -138,6 +138,17 @@ def master_healthy(view: PodView | None) -> bool:
     return view is not None and not view.deleting and view.broker is not None and view.broker.is_master
 
 
+def listen_port(spec: GroupSpec, view: PodView) -> int:
+    """The remoting port the broker reports it listens on (``brokerAddr``), else the spec's: while a
+    ``spec.ports.listen`` change rolls, a broker not restarted yet still listens on the old one."""
+    b = view.broker
+    if b is not None and b.broker_addr:
+        _, _, port = b.broker_addr.rpartition(":")
+        if port.isdigit() and 0 < int(port) < 65536:
+            return int(port)
+    return spec.ports.listen
+
+
 def follow_addresses(spec: GroupSpec, master: PodView) -> set[str]:
     """HA addresses under which a slave may know the master (pod IP or stable DNS name)."""
     ha = spec.ports.ha
@@ -180,6 +191,9 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
             memory.unreachable_since.pop(name, None)
         else:
             memory.unreachable_since.setdefault(name, now)
+        if p.broker is not None and p.broker.is_master:
+            # Whom it followed as a slave says nothing about following a master after its own term.
+            memory.following.pop(name, None)
     if mv is not None and master_healthy(mv):
         memory.lost_since = None
         memory.seen_healthy = True
@@ -286,7 +300,7 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
         actions.append(Action("set_mode", mv.name, role=spec.master_role, broker_id=0, epoch=state.epoch,
                               reason=f"replication is {spec.replication}"))
     ha_addr = f"{mv.ip}:{spec.ports.ha}"
-    broker_addr = f"{mv.ip}:{spec.ports.listen}"
+    broker_addr = f"{mv.ip}:{listen_port(spec, mv)}"
     renudge = False
     for name, p in sorted(pods.items()):
         if name == master_pod or p.deleting:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rmqoperator.failover import FailoverDecision, PodView, in_sync, lag_bytes, master_healthy
+from rmqoperator.failover import FailoverDecision, PodView, in_sync, lag_bytes, listen_port, master_healthy
 from rmqoperator.reconcile import GroupState
 from rmqoperator.spec import GroupSpec
 
@@ -74,7 +74,7 @@ def replica_rows(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]
         p = pods.get(name)
         row: dict[str, Any] = {"pod": name, "brokerId": bid, "ready": bool(p and p.ready and p.reachable)}
         if p is not None and p.ip:
-            row["address"] = f"{p.ip}:{spec.ports.listen}"
+            row["address"] = f"{p.ip}:{listen_port(spec, p)}"
         if p is not None and p.unschedulable:
             row["unschedulable"] = p.unschedulable
         if p is not None and p.broker is not None:
