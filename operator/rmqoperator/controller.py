@@ -51,6 +51,8 @@ VOLUME_CHECK_SECONDS = 60.0
 # How often the Secrets spec.tls / spec.acl name are looked at again while one is missing
 # (otherwise every VOLUME_CHECK_SECONDS: one deleted later stops the next pod restart).
 SECRET_RECHECK_SECONDS = 5.0
+# An outdated broker unreachable this long is replaced ahead of the roll's order (rolling.py).
+STUCK_SECONDS = 15.0
 
 Obj = dict[str, Any]
 
@@ -373,7 +375,10 @@ class GroupController:
                     decision = FailoverDecision("none", "FailoverCompleted")
                 await self._align(spec, views, now)
                 self._settle_demotions(spec, views)
-                self.roll = await self._roll(spec, views) if decision.action == "none" else None
+                # A new group whose master never started may be waiting on a pod the spec has fixed since.
+                starting = decision.reason == "MasterStarting"
+                self.roll = await self._roll(spec, views, now, new_group=starting) \
+                    if decision.action == "none" or starting else None
                 if now - self._secrets_checked >= (SECRET_RECHECK_SECONDS if self.secret_note else
                                                     VOLUME_CHECK_SECONDS):
                     await self._check_secrets(spec)
@@ -582,16 +587,20 @@ class GroupController:
             if v is not None and (follows(spec, v, master) or self.memory.following.get(pod) == master.name):
                 self.state = self.state.demoted(pod)
 
-    async def _roll(self, spec: GroupSpec, views: Mapping[str, PodView]) -> RollStep:
+    async def _roll(self, spec: GroupSpec, views: Mapping[str, PodView], now: float,
+                    new_group: bool = False) -> RollStep:
         assert self.state is not None
+        stuck = frozenset(n for n, since in self.memory.unreachable_since.items() if now - since >= STUCK_SECONDS)
         step = next_restart(views, builders.config_hash(spec), self.state.master_pod(spec),
-                            len(self.state.assignment), self.memory.in_sync)
+                            len(self.state.assignment), self.memory.in_sync, stuck=stuck, new_group=new_group)
         if step.pod is not None:
             if step.pod == self.state.master_pod(spec):
                 self.planned_restart = step.pod
             await self.api.delete_pod(spec.namespace, step.pod)
             metrics.RESTARTS.labels(self.namespace, self.name, "rolling").inc()
-            await self._event("Normal", "RollingRestart", f"restarting {step.pod} for a changed configuration "
+            why = "it is unavailable with an outdated configuration" if step.reason == "ReplacingUnavailable" \
+                else "for a changed configuration"
+            await self._event("Normal", "RollingRestart", f"restarting {step.pod}: {why} "
                                                           f"(order: {', '.join(step.pending)})")
         return step
 

@@ -6,6 +6,8 @@ carry the template's config-hash annotation; a pod whose hash differs is outdate
 deletes outdated pods one at a time -- slaves first (highest ordinal first), the master last --
 and only when every pod is back, Ready, reachable and every slave is in sync again, so a restart
 never overlaps another and a slave is never restarted while the only up-to-date copy is elsewhere.
+The exception is an outdated pod that is down already (the last change broke it and was reverted):
+it is replaced at once, as the only way out of a crash loop on an ``OnDelete`` StatefulSet.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def restart_order(outdated: list[PodView], master_pod: str | None) -> list[PodVi
 
 
 def next_restart(pods: Mapping[str, PodView], desired_hash: str, master_pod: str | None, expected_pods: int,
-                 in_sync: frozenset[str]) -> RollStep:
+                 in_sync: frozenset[str], *, stuck: frozenset[str] = frozenset(), new_group: bool = False) -> RollStep:
+    """The next outdated pod to delete. ``stuck``: pods unreachable for a while (not a probe's blip);
+    ``new_group``: the group has never served (no data)."""
     outdated = [p for p in pods.values() if p.config_hash != desired_hash]
     order = restart_order(outdated, master_pod)
     pending = tuple(p.name for p in order)
@@ -41,8 +45,15 @@ def next_restart(pods: Mapping[str, PodView], desired_hash: str, master_pod: str
         return RollStep(None, "UpToDate")
     if any(p.deleting for p in pods.values()) or len(pods) < expected_pods:
         return RollStep(None, "WaitingForPod", pending)
-    not_ready = sorted(p.name for p in pods.values() if not p.ready or not p.reachable)
+    not_ready = {p.name for p in pods.values() if not p.ready or not p.reachable}
     if not_ready:
+        # An outdated pod that has been down for a while anyway (a bad image or setting the user
+        # has since reverted, a pod that cannot be scheduled) is replaced first: that costs no
+        # availability. Only when it is the one pod down -- or in a group that never served, where
+        # there is none to lose.
+        down = [p for p in order if p.name in not_ready and (new_group or p.name in stuck)]
+        if down and (new_group or not_ready == {down[0].name}):
+            return RollStep(down[0].name, "ReplacingUnavailable", pending)
         return RollStep(None, "WaitingForReady", pending)
     lagging = sorted(n for n in pods if n != master_pod and n not in in_sync)
     if lagging:

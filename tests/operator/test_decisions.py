@@ -227,6 +227,25 @@ def test_rolling_order_slaves_highest_first_master_last_one_at_a_time() -> None:
     assert next_restart(views, "new", "g-0", 3, in_sync).reason == "WaitingForPod"
 
 
+def test_an_outdated_pod_that_is_down_anyway_is_replaced_first() -> None:
+    in_sync = frozenset({"g-1", "g-2"})
+    broken = pods(master(hash_="old"), slave(1, hash_="old"), down(slave(2, hash_="bad")))
+    assert next_restart(broken, "new", "g-0", 3, in_sync).reason == "WaitingForReady"  # a blip, maybe
+    step = next_restart(broken, "new", "g-0", 3, in_sync, stuck=frozenset({"g-2"}))
+    assert (step.pod, step.reason) == ("g-2", "ReplacingUnavailable")
+    # Another pod down too: nothing is restarted (that would take a second one away) ...
+    two_down = {**broken, "g-1": down(slave(1, hash_="new"))}
+    assert next_restart(two_down, "new", "g-0", 3, in_sync, stuck=frozenset({"g-1", "g-2"})).reason == \
+        "WaitingForReady"
+    # ... unless the group never served: then every outdated pod that is down is replaced in turn.
+    all_down = pods(down(master(hash_="bad")), down(slave(1, hash_="bad")), down(slave(2, hash_="bad")))
+    assert next_restart(all_down, "new", "g-0", 3, in_sync).reason == "WaitingForReady"
+    assert next_restart(all_down, "new", "g-0", 3, in_sync, new_group=True).pod == "g-2"
+    # A pod down that is already up to date (restarting) is waited for.
+    starting = pods(master(hash_="old"), slave(1, hash_="old"), down(slave(2, hash_="new")))
+    assert next_restart(starting, "new", "g-0", 3, in_sync, stuck=frozenset({"g-2"})).reason == "WaitingForReady"
+
+
 # ---------------------------------------------------------------- status
 def test_conditions_and_rows() -> None:
     views = pods(master(2000, ip="10.0.0.10"), slave(1, 2000), slave(2, 1000, connected=False))

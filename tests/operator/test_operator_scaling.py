@@ -5,11 +5,15 @@ and the status shows the address a broker really listens on while a port change 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.operator.conftest import example
 from tests.operator.emulator import OperatorHarness, condition, wait_for
-from tests.operator.podrunner import FakeBackend, PodRunner
+from tests.operator.podrunner import FakeBackend, FakeBroker, PodRunner
 
 NAME = "broker-a"
 
@@ -116,7 +120,8 @@ def test_the_status_shows_the_port_a_broker_listens_on_while_a_port_change_rolls
     h, (runner, fakes) = harness, fake_pods
     h.client.apply_group(example(replicas=3))
     wait_in_sync(h, 3)
-    runner.kill("broker-a-2")  # a slave down: the roll waits, the master keeps its old port meanwhile
+    runner.kill("broker-a-1")  # two slaves down: the roll waits, the master keeps its old port meanwhile
+    runner.kill("broker-a-2")
     time.sleep(1)
     h.client.patch_group(NAME, {"spec": {"ports": {"listen": 10931}}})
     wait_for(lambda: status(h).get("observedGeneration") == h.client.group(NAME)["metadata"]["generation"], 10,
@@ -125,3 +130,73 @@ def test_the_status_shows_the_port_a_broker_listens_on_while_a_port_change_rolls
     listening = fakes.brokers["broker-a-0"].status()["brokerAddr"]
     assert listening.endswith(":10911")
     assert status(h).get("masterAddress") == listening
+
+
+class _CrashLoop:
+    """A container that exits at once (an image that cannot run)."""
+
+
+class BadImageBackend(FakeBackend):
+    """Fake brokers, except for pods whose image names "bad": their container never runs. The fakes
+    start empty (offset 0), as a new group's brokers do."""
+
+    def start(self, runner: PodRunner, pod: dict[str, Any], ip: str, files: dict[str, Path],
+              env: dict[str, str], args: list[str]) -> Any:
+        if "bad" in pod["spec"]["containers"][0].get("image", ""):
+            return _CrashLoop()
+        handle = super().start(runner, pod, ip, files, env, args)
+        if isinstance(handle, FakeBroker):
+            handle.max_offset = 0
+        return handle
+
+    def stop(self, handle: Any, kill: bool = False) -> None:
+        if not isinstance(handle, _CrashLoop):
+            super().stop(handle, kill)
+
+    def alive(self, handle: Any) -> bool:
+        return not isinstance(handle, _CrashLoop)
+
+
+@pytest.fixture
+def bad_image_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, BadImageBackend]]:
+    backend = BadImageBackend()
+    runner = PodRunner(harness.client, tmp_path, backend).start()
+    try:
+        yield runner, backend
+    finally:
+        runner.close()
+        backend.close()
+
+
+def pod_images(h: OperatorHarness) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["containers"][0]["image"] for p in h.client.items("v1", "pods")
+            if "namesrv" not in p["metadata"]["name"]}
+
+
+def test_reverting_a_bad_image_replaces_the_pod_it_broke(
+        harness: OperatorHarness, bad_image_pods: tuple[PodRunner, BadImageBackend]) -> None:
+    """The roll stops at the first pod the bad image broke; the revert replaces that pod (an OnDelete
+    StatefulSet never would) and touches no healthy one."""
+    h, (runner, _) = harness, bad_image_pods
+    h.client.apply_group(example(replicas=3, image="rmq:good"))
+    wait_in_sync(h, 3)
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"spec": {"image": "rmq:bad"}})
+    wait_for(lambda: pod_images(h).get("broker-a-2") == "rmq:bad", 20, "broker-a-2 recreated with the bad image")
+    time.sleep(3)
+    assert runner.deleted == ["broker-a-2"]  # the roll stopped there
+    h.client.patch_group(NAME, {"spec": {"image": "rmq:good"}})
+    wait_for(lambda: pod_images(h).get("broker-a-2") == "rmq:good", 40, "broker-a-2 replaced")
+    wait_in_sync(h, 3)
+    assert runner.deleted == ["broker-a-2", "broker-a-2"]
+
+
+def test_a_new_group_created_with_a_bad_image_starts_once_the_image_is_fixed(
+        harness: OperatorHarness, bad_image_pods: tuple[PodRunner, BadImageBackend]) -> None:
+    h, _ = harness, bad_image_pods
+    h.client.apply_group(example(replicas=3, image="rmq:bad-typo"))
+    wait_for(lambda: len(pod_images(h)) == 3, 20, "3 pods")
+    time.sleep(2)
+    h.client.patch_group(NAME, {"spec": {"image": "rmq:good"}})
+    wait_for(lambda: set(pod_images(h).values()) == {"rmq:good"}, 30, "every pod on the fixed image")
+    wait_in_sync(h, 3)
