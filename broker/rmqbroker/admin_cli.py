@@ -30,7 +30,12 @@ TIMEOUT = 5.0
 
 
 class AdminError(Exception):
-    """A request failed; the message says which and why."""
+    """A request failed; the message says which and why. ``done``: the output of what did succeed
+    before it (printed ahead of the error)."""
+
+    def __init__(self, message: str, done: str | None = None) -> None:
+        super().__init__(message)
+        self.done = done
 
 
 class Admin:
@@ -97,6 +102,17 @@ class Admin:
         out = {}
         for name in names:
             addr = info.get("brokerAddrTable", {}).get(name, {}).get("brokerAddrs", {}).get("0")
+            if addr:
+                out[name] = addr
+        return out
+
+    async def readers(self) -> dict[str, str]:
+        """brokerName -> the address a read goes to, for every broker group: its master, else a
+        slave (a group whose master is down still answers reads)."""
+        table = (await self.cluster_info()).get("brokerAddrTable", {})
+        out = {}
+        for name, data in table.items():
+            addr = _read_addr(data.get("brokerAddrs", {}))
             if addr:
                 out[name] = addr
         return out
@@ -239,7 +255,8 @@ async def delete_topic(admin: Admin, args: argparse.Namespace) -> str:
 
 async def topic_status(admin: Admin, args: argparse.Namespace) -> str:
     rows = [["#Broker Name", "#QID", "#Min Offset", "#Max Offset", "#Last Updated"]]
-    for _name, addr in sorted((await admin.route_masters(args.topic)).items()):
+    # As mqadmin (selectBrokerAddr): a group whose master is down is read from a slave.
+    for _name, addr in sorted((await admin.route_readers(args.topic)).items()):
         _, table = await admin.mq_table(addr, RequestCode.GET_TOPIC_STATS_INFO, {wire.TOPIC: args.topic})
         for (_topic, broker, qid), v in sorted(table.items()):
             rows.append([broker, str(qid), str(v["minOffset"]), str(v["maxOffset"]), _when(v["lastUpdateTimestamp"])])
@@ -270,7 +287,8 @@ async def delete_sub_group(admin: Admin, args: argparse.Namespace) -> str:
 
 
 async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
-    brokers = await admin.route_masters(args.topic) if args.topic else await admin.masters(None)
+    # A group whose master is down is read from a slave, whose offsets trail by a sync period.
+    brokers = await admin.route_readers(args.topic) if args.topic else await admin.readers()
     ext = {wire.CONSUMER_GROUP: args.group, **({wire.TOPIC: args.topic} if args.topic else {})}
     rows = [["#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime"]]
     tps = 0.0
@@ -720,6 +738,10 @@ async def reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> str:
     ext = {wire.TOPIC: args.topic, wire.GROUP: args.group, wire.TIMESTAMP: str(args.timestamp),
            wire.IS_FORCE: str(args.force).lower()}
     rows = [["#brokerName", "#queueId", "#offset"]]
+    route = (await admin.route(args.topic)).get("brokerDatas", [])
+    # An offset written to a slave is replaced by its master's at the next sync: such a group is
+    # not reset, and the command says so and fails rather than look complete.
+    headless = sorted(b["brokerName"] for b in route if "0" not in b.get("brokerAddrs", {}))
     for name, addr in sorted((await admin.route_masters(args.topic)).items()):
         resp = await admin.call(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext,
                                 ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
@@ -732,6 +754,9 @@ async def reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> str:
             continue
         for qid, offset in await _reset_offline(admin, addr, args):
             rows.append([name, str(qid), str(offset)])
+    if headless:
+        raise AdminError(f"not reset on {', '.join(headless)}: no master online (a slave's offsets are replaced "
+                         "by its master's); run it again once the master is back", done=_table(rows))
     return _table(rows)
 
 
@@ -1137,6 +1162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(asyncio.run(run(args)))
     except AdminError as exc:
+        if exc.done:
+            print(exc.done)
         print(f"rmq-admin {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0

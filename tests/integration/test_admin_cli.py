@@ -20,6 +20,7 @@ from tests.integration.helpers import (
     route,
     rpc,
     send_raw,
+    wait_caught_up,
     wait_route,
 )
 from tests.support.procs import metric_value
@@ -236,3 +237,37 @@ def test_wipe_and_add_write_perm_steer_the_stock_producer(cluster: Cluster,
     assert code == 0 and int(out.split("OK, ")[1]) == wiped
     to_x, to_y = send_and_count()
     assert to_x > 0 and to_y > 0
+
+
+def test_admin_cli_reads_a_group_whose_master_is_down_from_its_slave(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """topicStatus and consumerProgress read such a group from a slave, as mqadmin does; a reset
+    (which a slave cannot keep) says which group it skipped and exits 1."""
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-h", slaveSyncInitialDelay=100, slaveSyncInterval=200)
+    slave = cluster.broker(ns.addr, name="broker-h", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", slaveSyncInitialDelay=100,
+                           slaveSyncInterval=200)
+    n = ("-n", ns.addr)
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    for i in range(3):
+        assert send_raw(master.addr, TOPIC, f"m{i}".encode()).code == ResponseCode.SUCCESS  # queue 0
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_DOWN", "topic": TOPIC, "queueId": "0", "commitOffset": "1"}).code == 0
+    wait_caught_up(master, [slave])
+    poll(lambda: TOPIC in json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"]
+         and "CG_DOWN" in json.dumps(json.loads(slave.admin("/metadata")[1])["consumerOffsets"]), 10,
+         what="topic and offset synced to the slave")
+    master.kill9()
+    poll(lambda: "0" not in route(ns.addr, TOPIC)["brokerDatas"][0]["brokerAddrs"], 20,  # type: ignore[index]
+         what="the master gone from the route")
+
+    code, out, _ = run(capsys, "topicStatus", *n, "-t", TOPIC)
+    assert code == 0, out
+    assert {r[1]: r[2:4] for r in rows(out)} == {"0": ["0", "3"], "1": ["0", "0"]}
+    for extra in ((), ("-t", TOPIC)):
+        code, out, _ = run(capsys, "consumerProgress", *n, "-g", "CG_DOWN", *extra)
+        assert code == 0, out
+        assert {r[2]: r[3:6] for r in rows(out)}["0"] == ["3", "1", "2"] and "Diff Total: 2" in out
+    code, out, err = run(capsys, "resetOffsetByTime", *n, "-g", "CG_DOWN", "-t", TOPIC, "-s", "0")
+    assert code == 1 and "not reset on broker-h: no master online" in err
