@@ -156,6 +156,10 @@ class GroupController:
                 await self._write_status(self.spec or spec)
                 return
             assert spec is not None
+            if not spec.restart_at and self.spec is not None and self.spec.restart_at:
+                # The restart-at annotation removed (a GitOps tool dropping it): a roll is asked for
+                # by a new value, not by its absence, so the last value stays in force.
+                spec = dataclasses.replace(spec, restart_at=self.spec.restart_at)
             self.invalid = None
             if self.paused:
                 if "paused" not in self._announced:
