@@ -37,6 +37,7 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    term_owner,
 )
 from rmqoperator.k8s import ApiError, KubeApi
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas, volume_resizes
@@ -366,6 +367,8 @@ class GroupController:
             views = await self._observe(spec)
             if not self.paused:
                 await self._adopt_reported_master(spec, views)
+                if await self._restore_term_owner(spec, views):
+                    views = await self._observe(spec)
             observe(self.memory, spec, self.state.master_pod(spec), views, now)
             if self.memory.seen_healthy:
                 self.memory.served_before = True
@@ -532,6 +535,38 @@ class GroupController:
         except ApiError as exc:
             log.error("%s/%s: ConfigMap not updated after adopting %s: %s", self.namespace, self.name, pod, exc)
         await self._write_status(spec)
+
+    async def _restore_term_owner(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
+        """Make the broker that began the current epoch master again when the recorded master serves
+        in that epoch without having begun it (the group re-created on its kept volumes after a
+        failover: its fresh ConfigMap named pod 0). Whether it did."""
+        assert self.state is not None
+        found = term_owner(spec, self.state, views)
+        if found is None:
+            return False
+        pod, epoch = found
+        view = views[pod]
+        recorded = self.state.master_pod(spec)
+        assert view.ip is not None
+        try:
+            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
+        except AdminError as exc:
+            log.warning("%s/%s: %s began epoch %d but could not be made master again: %s", self.namespace,
+                        self.name, pod, epoch, exc)
+            return False
+        self.state = self.state.promoted(spec, view.ordinal, epoch)
+        self._forget_following(self.state.pending_demotion)
+        self.memory.served_before = True
+        await self._event("Warning", "MasterRestored",
+                          f"{recorded} was master in epoch {epoch}, which {pod} began (the group was created again "
+                          f"on its volumes?): {pod}, which holds that term's log, is master again and {recorded} "
+                          "follows it")
+        try:
+            await self.api.apply(builders.config_map(spec, self.state.assignment))
+        except ApiError as exc:
+            log.error("%s/%s: ConfigMap not updated after restoring %s: %s", self.namespace, self.name, pod, exc)
+        await self._write_status(spec)
+        return True
 
     def _forget_following(self, pods: tuple[str, ...]) -> None:
         """Former masters to demote: that they followed some master in an earlier term must not

@@ -51,6 +51,8 @@ class BrokerView:
     disk_full: bool = False
     # Fenced by a failover (POST /ha/fence): it follows no master until re-pointed.
     fenced: bool = False
+    # The latest epoch it began as a promoted master; None: none, or an image that does not say.
+    own_epoch: int | None = None
 
     @property
     def is_master(self) -> bool:
@@ -67,7 +69,8 @@ class BrokerView:
                           ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0),
                           disk_used_ratio=float(retention.get("diskUsedRatio", -1.0)),
                           disk_full=retention.get("diskFull") is True,
-                          fenced=bool(ha.get("fencedBelowEpoch")))
+                          fenced=bool(ha.get("fencedBelowEpoch")),
+                          own_epoch=_int_or_none(obj.get("ownEpoch")))
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ class FailoverDecision:
     message: str = ""
     candidate: str | None = None
     epoch: int = 0
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def master_healthy(view: PodView | None) -> bool:
@@ -230,6 +237,29 @@ def reported_master(state: GroupState, pods: Mapping[str, PodView]) -> tuple[str
         return None
     epoch, _, name = max(newer)
     return name, epoch
+
+
+def term_owner(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> tuple[str, int] | None:
+    """The broker that began the epoch the recorded master serves in, when that is another broker
+    (pod name, epoch); else None.
+
+    A master writes in an epoch it began. One serving in an epoch another broker began was made
+    master by a ConfigMap that no longer knew the last promotion (the group deleted and created
+    again on its kept volumes): the term's owner holds that term's log and refuses to follow a
+    master of its own term, so the owner is the group's master.
+    """
+    master_pod = state.master_pod(spec)
+    mv = pods.get(master_pod) if master_pod else None
+    if mv is None or mv.broker is None or not mv.broker.is_master:
+        return None
+    epoch = mv.broker.epoch
+    if epoch in (0, mv.broker.own_epoch):
+        return None
+    for name, p in sorted(pods.items()):
+        b = p.broker
+        if name != master_pod and b is not None and not p.deleting and b.own_epoch == epoch and b.epoch == epoch:
+            return name, epoch
+    return None
 
 
 def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: Mapping[str, PodView],

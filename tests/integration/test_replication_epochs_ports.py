@@ -136,7 +136,13 @@ def test_promotion_epoch_persists_across_restart_and_older_epochs_are_refused(cl
     assert code == 409, body
     code, body = post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})
     assert code == 409, body
-    assert b.status()["epoch"] == 2
+    assert (b.status()["epoch"], b.status()["ownEpoch"]) == (2, 2)
+    # The term's owner, a slave by a configuration that forgot its promotion (a group created again
+    # on its volumes), is made master at its own epoch again: the operator's restoration.
+    code, body = post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 2})
+    assert code == 200, body
+    st = b.status()
+    assert (st["role"], st["epoch"], st["ownEpoch"], st["maxPhyOffset"]) == ("ASYNC_MASTER", 2, 2, end)
 
 
 def test_slave_does_not_stream_from_a_master_of_an_older_epoch(cluster: Cluster) -> None:

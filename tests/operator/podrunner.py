@@ -427,6 +427,7 @@ class FakeBroker:
     role: str = ""
     broker_id: int = 0
     epoch: int = 0
+    own_epoch: int | None = None  # the latest epoch it began as a promoted master
     max_offset: int = 1000
     ha_master: str | None = None
     fence: int = 0  # POST /ha/fence: masters below this epoch are not followed until a re-point
@@ -453,7 +454,8 @@ class FakeBroker:
         if connected:
             assert master is not None
             self.epoch = max(self.epoch, master.epoch)  # a real slave adopts its master's epoch history
-        return {"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch, "maxPhyOffset": self.max_offset,
+        return {"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch, "ownEpoch": self.own_epoch,
+                "maxPhyOffset": self.max_offset,
                 "brokerAddr": f"{self.ip}:{self.conf.get('listenPort')}",
                 "ha": {"masterAddress": self.ha_master if slave else None, "connected": connected, "slaves": [],
                        "fencedBelowEpoch": self.fence if self.fence > self.epoch else 0}}
@@ -469,6 +471,9 @@ class FakeBroker:
         self.calls.append(("role", body))
         if body["epoch"] < self.epoch:
             return web.json_response({"error": "stale epoch"}, status=409)
+        if self.role == "SLAVE" and body["role"] != "SLAVE" and (body["epoch"] > self.epoch
+                                                                  or self.own_epoch == self.epoch):
+            self.own_epoch = body["epoch"]  # a promotion begins its epoch (or retries its own)
         self.role, self.broker_id, self.epoch = body["role"], body["brokerId"], body["epoch"]
         return web.json_response({"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch})
 

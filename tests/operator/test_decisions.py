@@ -17,6 +17,7 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    term_owner,
 )
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
 from rmqoperator.rolling import next_restart
@@ -374,3 +375,17 @@ def test_a_reachable_master_of_a_newer_epoch_is_reported() -> None:
     assert reported_master(STATE, pods(master(), slave(1), slave(2))) is None  # same epoch: nothing new
     # A slave of a newer epoch is not a master; the highest epoch wins among masters.
     assert reported_master(STATE, pods(master(), slave(1, epoch=5), master(name="g-2", epoch=4))) == ("g-2", 4)
+
+
+def test_the_broker_that_began_the_masters_epoch_is_its_owner() -> None:
+    """g-0 serves as master in epoch 4, which g-1 began (g-1 is a slave by a configuration that
+    forgot the promotion): g-1 is returned. Nothing when the master began its epoch itself, serves
+    in epoch 0, or no reachable broker began it."""
+    state = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=4)
+    owner = dataclasses.replace(slave(1, epoch=4), broker=dataclasses.replace(slave(1, epoch=4).broker, own_epoch=4))
+    assert term_owner(SPEC, state, pods(master(epoch=4), owner, slave(2, epoch=4))) == ("g-1", 4)
+    own = dataclasses.replace(master(epoch=4), broker=dataclasses.replace(master(epoch=4).broker, own_epoch=4))
+    assert term_owner(SPEC, state, pods(own, slave(1, epoch=4), slave(2, epoch=4))) is None
+    assert term_owner(SPEC, state, pods(master(epoch=4), slave(1, epoch=4), slave(2, epoch=4))) is None
+    assert term_owner(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=0), pods(master(epoch=0), slave(1, epoch=0))) \
+        is None

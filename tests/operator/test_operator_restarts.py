@@ -156,3 +156,24 @@ def test_an_old_master_recovering_its_store_is_not_deleted_while_it_starts(
     wait_for(lambda: status(h).get("inSyncReplicas") == 3 and status(h).get("pendingDemotion") == [],
              SLOW_SECONDS + 20, "the old master started, demoted and in sync")
     assert not h.client.events("PodDeleted")
+
+
+def test_the_broker_that_began_the_epoch_is_master_again_in_a_group_created_again(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The group was deleted after broker-a-1 had been promoted at epoch 1, and created again on its
+    volumes: the fresh ConfigMap made broker-a-0 master, serving in epoch 1 that broker-a-1 began
+    (and broker-a-1, a slave by that ConfigMap, refuses to follow a master of its own term). The
+    operator makes broker-a-1, which holds the term's log, master again and broker-a-0 follows it."""
+    h, (_, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 30}))
+    wait_in_sync(h, 3)
+    owner = fakes.brokers["broker-a-1"]
+    owner.epoch, owner.own_epoch = 1, 1
+    fakes.brokers["broker-a-0"].epoch = 1
+    st = wait_for(lambda: status(h).get("master") == "broker-a-1" and status(h), 15, "broker-a-1 master again")
+    assert st["epoch"] == 1
+    assert owner.role in MASTERS and ("role", {"role": owner.role, "brokerId": 0, "epoch": 1}) in owner.calls
+    assert h.client.events("MasterRestored")
+    wait_for(lambda: fakes.brokers["broker-a-0"].role == "SLAVE", 10, "broker-a-0 demoted")
+    wait_in_sync(h, 3)
+    assert roles_in_config(h)["broker-1.conf"] in MASTERS

@@ -274,6 +274,9 @@ class ReplicationController:
         ms = self.metadata_sync
         return {
             "epoch": self.epochs.epoch,
+            # The latest epoch this broker began as a promoted master (null: none): the broker
+            # that owns the current epoch holds that term's log.
+            "ownEpoch": self.epochs.own_epoch,
             "ha": {
                 "masterAddress": self.ha_client.master_addr if self.ctx.is_slave else None,
                 "connected": self.ha_client.connected if self.ctx.is_slave else False,
