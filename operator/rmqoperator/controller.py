@@ -500,10 +500,7 @@ class GroupController:
                           f"was unavailable for {took:.1f}s")
         # Persist the new assignment before anything else: restarted pods read the ConfigMap and a
         # restarted operator reads the status.
-        try:
-            await self.api.apply(builders.config_map(spec, self.state.assignment))
-        except ApiError as exc:
-            log.error("%s/%s: ConfigMap not updated after promotion: %s", self.namespace, self.name, exc)
+        await self._apply_config_map(spec, "promotion")
         self.failover = FailoverDecision("none", "FailoverCompleted")
         await self._write_status(spec)
         return True
@@ -530,10 +527,7 @@ class GroupController:
         await self._event("Warning", "MasterAdopted",
                           f"{pod} is master at epoch {epoch}, newer than the recorded master {recorded} at epoch "
                           f"{recorded_epoch} (a promotion whose status was not written): the group follows it")
-        try:
-            await self.api.apply(builders.config_map(spec, self.state.assignment))
-        except ApiError as exc:
-            log.error("%s/%s: ConfigMap not updated after adopting %s: %s", self.namespace, self.name, pod, exc)
+        await self._apply_config_map(spec, f"adopting {pod}")
         await self._write_status(spec)
 
     async def _restore_term_owner(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
@@ -561,12 +555,18 @@ class GroupController:
                           f"{recorded} was master in epoch {epoch}, which {pod} began (the group was created again "
                           f"on its volumes?): {pod}, which holds that term's log, is master again and {recorded} "
                           "follows it")
+        await self._apply_config_map(spec, f"restoring {pod}")
+        await self._write_status(spec)
+        return True
+
+    async def _apply_config_map(self, spec: GroupSpec, after: str) -> None:
+        """The assignment into the ConfigMap (restarted pods read it); a failure is logged and the
+        next ensure or change writes it again."""
+        assert self.state is not None
         try:
             await self.api.apply(builders.config_map(spec, self.state.assignment))
         except ApiError as exc:
-            log.error("%s/%s: ConfigMap not updated after restoring %s: %s", self.namespace, self.name, pod, exc)
-        await self._write_status(spec)
-        return True
+            log.error("%s/%s: ConfigMap not updated after %s: %s", self.namespace, self.name, after, exc)
 
     def _forget_following(self, pods: tuple[str, ...]) -> None:
         """Former masters to demote: that they followed some master in an earlier term must not

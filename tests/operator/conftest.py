@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -34,15 +35,24 @@ def harness(tmp_path: Path) -> Iterator[OperatorHarness]:
         h.close()
 
 
-@pytest.fixture
-def fake_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, FakeBackend]]:
-    backend = FakeBackend()
+B = TypeVar("B", bound=FakeBackend)
+
+
+@contextlib.contextmanager
+def pods_on(harness: OperatorHarness, tmp_path: Path, backend: B) -> Iterator[tuple[PodRunner, B]]:
+    """A pod runner with ``backend`` for the test's duration."""
     runner = PodRunner(harness.client, tmp_path, backend).start()
     try:
         yield runner, backend
     finally:
         runner.close()
         backend.close()
+
+
+@pytest.fixture
+def fake_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, FakeBackend]]:
+    with pods_on(harness, tmp_path, FakeBackend()) as pods:
+        yield pods
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from rmqbroker.properties import parse_properties
 from rmqoperator import k8s
 from rmqoperator.failover import REPOINT_GRACE_SECONDS
-from tests.operator.conftest import example
+from tests.operator.conftest import example, pods_on
 from tests.operator.emulator import OperatorHarness, condition, wait_for
 from tests.operator.podrunner import FakeBackend, PodRunner
 
@@ -133,13 +133,8 @@ class SlowStartBackend(FakeBackend):
 
 @pytest.fixture
 def slow_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, SlowStartBackend]]:
-    backend = SlowStartBackend()
-    runner = PodRunner(harness.client, tmp_path, backend).start()
-    try:
-        yield runner, backend
-    finally:
-        runner.close()
-        backend.close()
+    with pods_on(harness, tmp_path, SlowStartBackend()) as pods:
+        yield pods
 
 
 def test_an_old_master_recovering_its_store_is_not_deleted_while_it_starts(

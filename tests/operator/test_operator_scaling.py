@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.conftest import example
+from tests.operator.conftest import example, pods_on
 from tests.operator.emulator import OperatorHarness, condition, wait_for
 from tests.operator.podrunner import FakeBackend, FakeBroker, PodRunner
 
@@ -159,13 +159,8 @@ class BadImageBackend(FakeBackend):
 
 @pytest.fixture
 def bad_image_pods(harness: OperatorHarness, tmp_path: Path) -> Iterator[tuple[PodRunner, BadImageBackend]]:
-    backend = BadImageBackend()
-    runner = PodRunner(harness.client, tmp_path, backend).start()
-    try:
-        yield runner, backend
-    finally:
-        runner.close()
-        backend.close()
+    with pods_on(harness, tmp_path, BadImageBackend()) as pods:
+        yield pods
 
 
 def pod_images(h: OperatorHarness) -> dict[str, str]:
