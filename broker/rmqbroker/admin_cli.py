@@ -93,26 +93,17 @@ class Admin:
         info: dict[str, Any] = fastjson_loads(bytes(resp.body)) if resp.body else {}
         return info
 
-    async def masters(self, cluster: str | None) -> dict[str, str]:
-        """brokerName -> master address, for one cluster or all."""
+    async def masters(self, cluster: str | None, *, reads: bool = False) -> dict[str, str]:
+        """brokerName -> master address, for one cluster or all. ``reads``: the address a read goes
+        to instead, the master else a slave (a group whose master is down still answers reads)."""
         info = await self.cluster_info()
         names = info.get("clusterAddrTable", {}).get(cluster, []) if cluster else list(info.get("brokerAddrTable", {}))
         if cluster and not names:
             raise AdminError(f"cluster {cluster} not found on the nameserver")
         out = {}
         for name in names:
-            addr = info.get("brokerAddrTable", {}).get(name, {}).get("brokerAddrs", {}).get("0")
-            if addr:
-                out[name] = addr
-        return out
-
-    async def readers(self) -> dict[str, str]:
-        """brokerName -> the address a read goes to, for every broker group: its master, else a
-        slave (a group whose master is down still answers reads)."""
-        table = (await self.cluster_info()).get("brokerAddrTable", {})
-        out = {}
-        for name, data in table.items():
-            addr = _read_addr(data.get("brokerAddrs", {}))
+            addrs = info.get("brokerAddrTable", {}).get(name, {}).get("brokerAddrs", {})
+            addr = _read_addr(addrs) if reads else addrs.get("0")
             if addr:
                 out[name] = addr
         return out
@@ -145,8 +136,7 @@ class Admin:
         return out
 
     async def route_masters(self, topic: str) -> dict[str, str]:
-        return {b["brokerName"]: b["brokerAddrs"]["0"] for b in (await self.route(topic)).get("brokerDatas", [])
-                if "0" in b.get("brokerAddrs", {})}
+        return _masters_of((await self.route(topic)).get("brokerDatas", []))
 
     async def targets(self, args: argparse.Namespace) -> dict[str, str]:
         """The brokers a write goes to: ``-b`` one broker, or ``-c`` every master of a cluster."""
@@ -155,6 +145,11 @@ class Admin:
         if args.cluster:
             return await self.masters(args.cluster)
         raise AdminError("give -b brokerAddr or -c clusterName")
+
+
+def _masters_of(broker_datas: list[dict[str, Any]]) -> dict[str, str]:
+    """brokerName -> master address of a route's brokerDatas (groups without a master left out)."""
+    return {b["brokerName"]: b["brokerAddrs"]["0"] for b in broker_datas if "0" in b.get("brokerAddrs", {})}
 
 
 def _read_addr(addrs: dict[str, str]) -> str | None:
@@ -288,7 +283,7 @@ async def delete_sub_group(admin: Admin, args: argparse.Namespace) -> str:
 
 async def consumer_progress(admin: Admin, args: argparse.Namespace) -> str:
     # A group whose master is down is read from a slave, whose offsets trail by a sync period.
-    brokers = await admin.route_readers(args.topic) if args.topic else await admin.readers()
+    brokers = await admin.route_readers(args.topic) if args.topic else await admin.masters(None, reads=True)
     ext = {wire.CONSUMER_GROUP: args.group, **({wire.TOPIC: args.topic} if args.topic else {})}
     rows = [["#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime"]]
     tps = 0.0
@@ -739,10 +734,11 @@ async def reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> str:
            wire.IS_FORCE: str(args.force).lower()}
     rows = [["#brokerName", "#queueId", "#offset"]]
     route = (await admin.route(args.topic)).get("brokerDatas", [])
+    masters = _masters_of(route)
     # An offset written to a slave is replaced by its master's at the next sync: such a group is
     # not reset, and the command says so and fails rather than look complete.
-    headless = sorted(b["brokerName"] for b in route if "0" not in b.get("brokerAddrs", {}))
-    for name, addr in sorted((await admin.route_masters(args.topic)).items()):
+    headless = sorted({b["brokerName"] for b in route} - set(masters))
+    for name, addr in sorted(masters.items()):
         resp = await admin.call(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext,
                                 ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
         if resp.code == ResponseCode.SUCCESS:

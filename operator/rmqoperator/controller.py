@@ -488,7 +488,6 @@ class GroupController:
             return False
         took = time.monotonic() - lost_since
         self.state = self.state.promoted(spec, cand.ordinal, decision.epoch)
-        self._forget_following(self.state.pending_demotion)
         self.last_failover = {"time": now_iso(), "from": old_master or "", "to": cand.name, "epoch": decision.epoch,
                               "detectionToPromotionSeconds": round(took, 3)}
         metrics.FAILOVERS.labels(self.namespace, self.name, "ok").inc()
@@ -520,8 +519,6 @@ class GroupController:
             self.state = dataclasses.replace(self.state, epoch=epoch)
         else:
             self.state = self.state.promoted(spec, ordinal, epoch)
-            self._forget_following(self.state.pending_demotion)
-        self.memory.served_before = True
         log.warning("%s/%s: %s is master at epoch %d, newer than the recorded master %s at epoch %d; following it",
                     self.namespace, self.name, pod, epoch, recorded, recorded_epoch)
         await self._event("Warning", "MasterAdopted",
@@ -549,8 +546,6 @@ class GroupController:
                         self.name, pod, epoch, exc)
             return False
         self.state = self.state.promoted(spec, view.ordinal, epoch)
-        self._forget_following(self.state.pending_demotion)
-        self.memory.served_before = True
         await self._event("Warning", "MasterRestored",
                           f"{recorded} was master in epoch {epoch}, which {pod} began (the group was created again "
                           f"on its volumes?): {pod}, which holds that term's log, is master again and {recorded} "
@@ -567,12 +562,6 @@ class GroupController:
             await self.api.apply(builders.config_map(spec, self.state.assignment))
         except ApiError as exc:
             log.error("%s/%s: ConfigMap not updated after %s: %s", self.namespace, self.name, after, exc)
-
-    def _forget_following(self, pods: tuple[str, ...]) -> None:
-        """Former masters to demote: that they followed some master in an earlier term must not
-        settle their demotion."""
-        for pod in pods:
-            self.memory.following.pop(pod, None)
 
     async def _align(self, spec: GroupSpec, views: Mapping[str, PodView], now: float) -> None:
         assert self.state is not None

@@ -34,26 +34,28 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _stops(stop: asyncio.Future[None] | asyncio.Task[None]) -> bool:
-    done, _ = await asyncio.wait({stop}, timeout=3)
+async def _stops_after_repoint(subject: HAClient | SlaveMetadataSync, passes: int) -> bool:
+    """Start ``subject``, re-point it and ``stop()`` it ``passes`` loop passes later: whether the stop
+    returned (its tasks are cancelled again if not, so the test ends either way)."""
+    subject.start()
+    await _settle()
+    tasks = [t for t in (getattr(subject, "_task", None), getattr(subject, "_reput_task", None)) if t is not None]
+    subject.set_master(NOWHERE)
+    for _ in range(passes):
+        await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(subject.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=3)
+    if not done:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait({stopping}, timeout=3)
     return bool(done)
 
 
 @pytest.mark.parametrize("passes", [0, 1, 2, 3])
 async def test_ha_client_stops_when_cancelled_as_its_master_changes(passes: int) -> None:
     client = HAClient(_Store(), None)  # type: ignore[arg-type]
-    client.start()
-    await _settle()
-    client.set_master(NOWHERE)
-    for _ in range(passes):
-        await asyncio.sleep(0)
-    stopping = asyncio.ensure_future(client.stop())
-    stopped = await _stops(stopping)
-    if not stopped:
-        for task in (client._task, client._reput_task):
-            if task is not None:
-                task.cancel()
-        await asyncio.wait({stopping}, timeout=3)
+    stopped = await _stops_after_repoint(client, passes)
     client.receiver_pool.shutdown(wait=False)
     assert stopped, "stop() did not return: the client's task ran on after its cancellation"
 
@@ -62,16 +64,4 @@ async def test_ha_client_stops_when_cancelled_as_its_master_changes(passes: int)
 async def test_metadata_sync_stops_when_cancelled_as_its_master_changes(passes: int) -> None:
     sync = SlaveMetadataSync(None, "127.0.0.1:2", None, None, None, None,  # type: ignore[arg-type]
                              initial_delay=60, interval=60)
-    sync.start()
-    await _settle()
-    task = sync._task
-    assert task is not None
-    sync.set_master(NOWHERE)
-    for _ in range(passes):
-        await asyncio.sleep(0)
-    stopping = asyncio.ensure_future(sync.stop())
-    stopped = await _stops(stopping)
-    if not stopped:
-        task.cancel()
-        await asyncio.wait({stopping}, timeout=3)
-    assert stopped, "stop() did not return: the sync task ran on after its cancellation"
+    assert await _stops_after_repoint(sync, passes), "stop() did not return: the task ran on after its cancellation"
