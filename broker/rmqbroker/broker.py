@@ -51,6 +51,8 @@ from rmqbroker.store_stats import StoreStatsService
 log = logging.getLogger(__name__)
 # How often the ACL file is checked for changes (s).
 ACL_RELOAD_SECONDS = 2.0
+# A demotion's drain (POST /role drainMillis) waits at most this long for its slaves.
+MAX_DRAIN_MILLIS = 60_000
 # Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
 ADMIN_TOKEN_FILE = "adminToken"
 
@@ -463,8 +465,14 @@ class Broker:
             return json_error(400, "brokerId must be an integer from 0 to 2^63-1")
         if not _is_int64(epoch):
             return json_error(400, "epoch must be an integer from 0 to 2^63-1")
+        drain_ms, sync_metadata = body.get("drainMillis", 0), body.get("syncMetadata", False)
+        if not _is_int64(drain_ms) or drain_ms > MAX_DRAIN_MILLIS:
+            return json_error(400, f"drainMillis must be an integer from 0 to {MAX_DRAIN_MILLIS}")
+        if not isinstance(sync_metadata, bool):
+            return json_error(400, "syncMetadata must be true or false")
         try:
-            result = await self.replication.change_role(role, broker_id, epoch)
+            result = await self.replication.change_role(role, broker_id, epoch, drain=drain_ms / 1000,
+                                                        sync_metadata=sync_metadata)
         except RoleChangeError as exc:
             return json_error(409, str(exc))
         return json_response(result)

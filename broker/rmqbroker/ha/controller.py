@@ -15,7 +15,7 @@ from typing import Any
 from rmqbroker.config import BrokerSettings
 from rmqbroker.ha.epoch import EpochError, EpochStore
 from rmqbroker.ha.master import HAConfig, HAService
-from rmqbroker.ha.metadata_sync import SlaveMetadataSync
+from rmqbroker.ha.metadata_sync import MetadataSyncError, SlaveMetadataSync
 from rmqbroker.ha.slave import HAClient
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.context import BrokerContext
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # A promotion slower than this logs how long each of its steps took.
 SLOW_PROMOTION_SECONDS = 1.0
+# The last metadata round of a hand-over's promotion waits at most this long for the old master.
+FINAL_SYNC_SECONDS = 5.0
 
 # A gauge's samples for /metrics: (label values, value) each.
 Samples = list[tuple[tuple[str, ...], float]]
@@ -143,8 +145,17 @@ class ReplicationController:
             return {"epoch": self.epochs.epoch, "fencedBelowEpoch": self.epochs.fence,
                     "maxPhyOffset": self.store.max_phy_offset()}
 
-    async def change_role(self, role: str, broker_id: int, epoch: int) -> dict[str, Any]:
-        """POST /role: promote to a master or demote to a slave at ``epoch``."""
+    async def change_role(self, role: str, broker_id: int, epoch: int, *, drain: float = 0.0,
+                          sync_metadata: bool = False) -> dict[str, Any]:
+        """POST /role: promote to a master or demote to a slave at ``epoch``.
+
+        A planned hand-over (the operator moving the master before restarting it) asks a master's
+        demotion to ``drain``: sends are refused at once, but its slaves keep streaming until each
+        has acknowledged the last byte (or ``drain`` seconds pass), and SYNC sends waiting for a
+        slave are answered as the acks come. It asks the slave's promotion to ``sync_metadata``
+        first: one last metadata round from its master (still reachable, now a slave), so that
+        offsets committed since the last periodic round are not lost.
+        """
         if role not in ROLES:
             raise RoleChangeError(f"role must be one of {', '.join(ROLES)}")
         if (role == "SLAVE") != (broker_id > 0):
@@ -156,25 +167,26 @@ class ReplicationController:
                 raise RoleChangeError(str(exc)) from exc
             old = self.ctx.role
             started = time.monotonic()
+            extra: dict[str, Any] = {}
             if role == "SLAVE":
-                await self._demote(broker_id, epoch)
+                extra = await self._demote(broker_id, epoch, drain)
             else:
-                await self._promote(role, epoch)
+                extra = await self._promote(role, epoch, sync_metadata)
             self.ctx.broker_id = broker_id
             self._on_role_change(role)
             log.warning("role %s -> %s (brokerId %d, epoch %d) in %.0f ms", old, role, broker_id, epoch,
                         (time.monotonic() - started) * 1000)
             return {"role": role, "brokerId": broker_id, "epoch": self.epochs.epoch,
-                    "maxPhyOffset": self.store.max_phy_offset()}
+                    "maxPhyOffset": self.store.max_phy_offset(), **extra}
 
-    async def _promote(self, role: str, epoch: int) -> None:
+    async def _promote(self, role: str, epoch: int, sync_metadata: bool = False) -> dict[str, Any]:
         if self.ctx.role != "SLAVE":
             # Master to master (SYNC <-> ASYNC) keeps the epoch history; only the mode changes.
             if epoch > self.epochs.epoch:
                 await asyncio.to_thread(self.epochs.begin_epoch, epoch, self.store.max_phy_offset())
             self.ctx.role = role
             self._apply_role()
-            return
+            return {}
         # stop() waits for a handshake's epoch adoption still in flight, so begin_epoch below is
         # checked against the epoch that adoption left (a newer master's term makes it a 409)
         # rather than overwritten by the adoption afterwards.
@@ -183,6 +195,10 @@ class ReplicationController:
         steps.append(("HA client stopped", time.monotonic()))
         await self.metadata_sync.stop()
         steps.append(("metadata sync stopped", time.monotonic()))
+        extra: dict[str, Any] = {}
+        if sync_metadata:
+            extra = await self._final_metadata_sync()
+            steps.append(("metadata synced", time.monotonic()))
         # Every replicated record gets its consume-queue unit before this broker serves as master;
         # a tail that ends inside a record is cut: the new epoch starts at the last whole one.
         self.store.dispatch_some()
@@ -204,15 +220,45 @@ class ReplicationController:
         self.ha.group_transfer.reset()
         self.ctx.role = role
         self._apply_role()
+        return extra
 
-    async def _demote(self, broker_id: int, epoch: int) -> None:
+    async def _final_metadata_sync(self) -> dict[str, Any]:
+        """One metadata round from the master being handed over from; its failure is reported, not
+        fatal (the promotion goes on with what the periodic rounds brought)."""
+        master = self.metadata_sync.master_addr
+        if not master or master == self.settings.broker_addr:
+            log.warning("no last metadata sync before the promotion: no master broker address known")
+            return {"metadataSynced": False, "metadataSyncError": "no master broker address known"}
+        try:
+            async with asyncio.timeout(FINAL_SYNC_SECONDS):
+                await self.metadata_sync.sync_all()
+        except (MetadataSyncError, TimeoutError) as exc:
+            error = str(exc) or type(exc).__name__
+            log.warning("last metadata sync before the promotion failed: %s", error)
+            return {"metadataSynced": False, "metadataSyncError": error}
+        return {"metadataSynced": True}
+
+    async def _demote(self, broker_id: int, epoch: int, drain: float = 0.0) -> dict[str, Any]:
         await asyncio.to_thread(self.epochs.set_epoch, epoch)
+        was_master = not self.ctx.is_slave
         self.ctx.role = "SLAVE"
+        extra: dict[str, Any] = {}
+        if was_master and drain > 0:
+            # Refuse sends first; the HA client starts only after the drain, so this broker follows
+            # nobody while its own slaves still stream from it.
+            self.store.set_role("SLAVE")
+            started = time.monotonic()
+            drained = await self.ha.drain(drain)
+            extra = {"drained": drained, "drainMillis": round((time.monotonic() - started) * 1000),
+                     "slaves": self.ha.slaves_status()}
+            log.warning("demotion drained %s slave(s) to offset %d in %d ms%s", len(extra["slaves"]),
+                        self.store.max_phy_offset(), extra["drainMillis"], "" if drained else " (timed out)")
         self._apply_role()
         # Sends still waiting for a slave of this term will not get one, and its slaves follow
         # the new master (a re-point, or their reconnect finds where the group's master is).
         self.ha.group_transfer.reset()
         self.ha.drop_slaves("demoted to SLAVE")
+        return extra
 
     # -- metrics --
     def metric_counters(self) -> dict[str, tuple[str, float]]:

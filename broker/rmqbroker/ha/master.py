@@ -61,6 +61,8 @@ BULK_PLAN = 64 * 1024 * 1024
 BULK_POLL_MS = 100
 # Housekeeping / heartbeat timer period per connection.
 TICK_SECONDS = 0.5
+# How often a demotion's drain looks at the slaves' acks (a rare, operator-driven wait).
+DRAIN_POLL_SECONDS = 0.005
 
 # (commitlog offset, segment fd, position in the segment, length): one frame for the sendfile thread.
 Frame = tuple[int, int, int, int]
@@ -477,6 +479,21 @@ class HAService:
             log.warning("closing %d HA slave connection(s): %s", len(conns), reason)
         for conn in conns:
             conn.close(drop_pending=True)
+
+    async def drain(self, timeout: float) -> bool:
+        """Until every streaming slave has acknowledged this log's end, or ``timeout`` seconds
+        pass; whether they all did. The caller stopped the appends (a demotion hands over)."""
+        end = self.store.max_phy_offset()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    streaming = [c for c in self.connections if c.request_offset >= 0 and not c.closed]
+                    if all(c.acked_offset >= end for c in streaming):
+                        return True
+                    self.schedule_push()
+                    await asyncio.sleep(DRAIN_POLL_SECONDS)
+        except TimeoutError:
+            return False
 
     def on_ack(self, offset: int) -> None:
         if offset > self.group_transfer.acked:

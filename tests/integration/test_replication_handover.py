@@ -1,0 +1,152 @@
+"""A planned hand-over between real brokers: a master's demotion that drains its slaves, and a
+slave's promotion that takes one last metadata round from the master it replaces.
+
+The periodic metadata sync is switched off (first round in 10 minutes), so only the promotion's
+last round can bring the consumer offset and topic the master took; a SIGSTOPped slave holds the
+demotion's drain open until it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Any
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import create_topic, poll, query_consumer_offset, rpc, send_raw, wait_caught_up
+from tests.integration.test_replication import SEG, assert_commitlogs_identical
+from tests.integration.test_replication_extra import follows, ha_addr
+from tests.support.procs import BrokerProc
+
+TOPIC = "HandOver"
+NO_PERIODIC_SYNC: dict[str, Any] = {"slaveSyncInitialDelay": 600000, "slaveSyncInterval": 600000, "maxMessageSize": 1024 * 1024}
+
+
+def role(broker: BrokerProc, **body: Any) -> tuple[int, dict[str, Any]]:
+    code, raw = broker.admin("/role", "POST", json.dumps(body).encode())
+    answer: dict[str, Any] = json.loads(raw)
+    return code, answer
+
+
+def pair(cluster: Cluster, **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+    """A SYNC_MASTER and its slave, registered with a nameserver (the slave learns the master's
+    broker address, which metadata sync uses, from its registration's answer)."""
+    ns = cluster.namesrv().addr
+    master = cluster.broker(ns, name="broker-h", broker_id=0, role="SYNC_MASTER", mappedFileSizeCommitLog=SEG,
+                            **NO_PERIODIC_SYNC, **conf)
+    slave = cluster.broker(ns, name="broker-h", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                           haMasterAddress=ha_addr(master), **NO_PERIODIC_SYNC, **conf)
+    poll(lambda: follows(slave, master) and slave.status()["metadataSync"]["masterAddress"] == master.addr, 20,
+         what="slave connected, master's broker address known")
+    return master, slave
+
+
+def queue_end(broker: BrokerProc) -> int:
+    resp = rpc(broker.addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": "0"})
+    return int(resp.ext_fields["offset"])
+
+
+def parked_sends(master: BrokerProc, n: int) -> tuple[list[threading.Thread], list[int]]:
+    """``n`` SYNC sends in flight; their answer codes land in the returned list."""
+    codes: list[int] = []
+
+    def one(i: int) -> None:
+        try:
+            codes.append(int(send_raw(master.addr, TOPIC, f"parked-{i}".encode() * 20, timeout=30).code))
+        except Exception:
+            codes.append(-1)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, codes
+
+
+def test_drained_demotion_and_synced_promotion_hand_over_every_message_and_offset(cluster: Cluster) -> None:
+    master, slave = pair(cluster, syncFlushTimeout=20000)
+    create_topic(master.addr, TOPIC)
+    for i in range(20):
+        assert send_raw(master.addr, TOPIC, f"before-{i}".encode() * 20).code == ResponseCode.SUCCESS
+    # After the slave's last (initial) look at the master's metadata: only a last round brings these.
+    create_topic(master.addr, "HandOverLate")
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_HANDOVER", "topic": TOPIC, "queueId": "0", "commitOffset": "7"}).code == 0
+    wait_caught_up(master, [slave])
+
+    # Sends the slave has not acknowledged (it is stopped) wait on the SYNC master...
+    slave.signal(signal.SIGSTOP)
+    threads, codes = parked_sends(master, 8)
+    poll(lambda: queue_end(master) == 28, 10, what="8 sends appended")
+    assert codes == [], "a send was answered without the slave"
+    end = master.status()["maxPhyOffset"]
+    # ...the demotion refuses new sends at once and waits for the slave to take them.
+    answer: dict[str, Any] = {}
+
+    def demote() -> None:
+        answer.update(zip(("code", "body"), role(master, role="SLAVE", brokerId=1, epoch=0, drainMillis=15000),
+                          strict=True))
+
+    started = time.monotonic()
+    demotion = threading.Thread(target=demote, daemon=True)
+    demotion.start()
+    poll(lambda: master.status()["role"] == "SLAVE", 10, what="master refuses sends")
+    assert send_raw(master.addr, TOPIC, b"refused").code != ResponseCode.SUCCESS
+    time.sleep(0.5)
+    assert demotion.is_alive(), "the demotion did not wait for the stopped slave"
+    slave.signal(signal.SIGCONT)
+    demotion.join(20)
+    for t in threads:
+        t.join(20)
+    assert answer["code"] == 200, answer
+    body = answer["body"]
+    assert body["drained"] is True and body["maxPhyOffset"] == end, body
+    assert [s["ackedOffset"] for s in body["slaves"]] == [end]
+    assert codes == [ResponseCode.SUCCESS] * 8, "sends acknowledged by the slave during the drain were not answered"
+    assert slave.status()["maxPhyOffset"] == end
+    assert time.monotonic() - started < 15
+
+    # The slave becomes master with everything the old one had, metadata included.
+    code, promoted = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, syncMetadata=True)
+    assert code == 200 and promoted["metadataSynced"] is True and promoted["maxPhyOffset"] == end, promoted
+    assert query_consumer_offset(slave.addr, "CG_HANDOVER", TOPIC, 0) == 7
+    topics = json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"]
+    assert "HandOverLate" in topics
+    # The old master follows it without cutting a byte.
+    code, raw = master.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(slave), "epoch": 1}).encode())
+    assert code == 200, raw
+    poll(lambda: follows(master, slave), 20, what="old master follows the new one")
+    for i in range(10):
+        assert send_raw(slave.addr, TOPIC, f"after-{i}".encode() * 20).code == ResponseCode.SUCCESS
+    wait_caught_up(slave, [master])
+    assert master.status()["ha"]["truncatedBytes"] == 0
+    assert_commitlogs_identical(slave, [master])
+
+
+def test_a_drain_that_times_out_says_so_and_fails_the_waiting_sends(cluster: Cluster) -> None:
+    master, slave = pair(cluster, syncFlushTimeout=20000)
+    create_topic(master.addr, TOPIC)
+    assert send_raw(master.addr, TOPIC, b"first" * 20).code == ResponseCode.SUCCESS
+    wait_caught_up(master, [slave])
+    slave.signal(signal.SIGSTOP)
+    try:
+        threads, codes = parked_sends(master, 3)
+        time.sleep(0.3)
+        started = time.monotonic()
+        code, body = role(master, role="SLAVE", brokerId=1, epoch=0, drainMillis=800)
+        took = time.monotonic() - started
+        for t in threads:
+            t.join(20)
+    finally:
+        slave.signal(signal.SIGCONT)
+    assert code == 200 and body["drained"] is False, body
+    assert 0.7 <= took < 10
+    assert len(codes) == 3 and ResponseCode.SUCCESS not in codes
+
+    # Bad arguments are refused before anything changes.
+    for bad in ({"drainMillis": -1}, {"drainMillis": "1000"}, {"drainMillis": 60001}, {"syncMetadata": "yes"}):
+        code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, **bad)
+        assert code == 400 and "error" in body, (bad, body)
+    assert slave.status()["role"] == "SLAVE"
