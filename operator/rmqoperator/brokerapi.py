@@ -81,6 +81,12 @@ class BrokerAdmin:
         return await self._call("POST", f"http://{host}:{port}/ha/fence", token, {"epoch": epoch}, CONTROL_TIMEOUT)
 
     async def set_role(self, host: str, port: int, token: str, role: str, broker_id: int,
-                       epoch: int) -> dict[str, Any]:
-        return await self._call("POST", f"http://{host}:{port}/role", token,
-                                {"role": role, "brokerId": broker_id, "epoch": epoch}, CONTROL_TIMEOUT)
+                       epoch: int, *, drain_millis: int = 0, sync_metadata: bool = False) -> dict[str, Any]:
+        """``drain_millis``: a master's demotion waits that long for its slaves to take its last
+        bytes; ``sync_metadata``: a slave's promotion first takes its master's metadata (a hand-over)."""
+        body: dict[str, Any] = {"role": role, "brokerId": broker_id, "epoch": epoch}
+        if drain_millis:
+            body["drainMillis"] = drain_millis
+        if sync_metadata:
+            body["syncMetadata"] = True
+        return await self._call("POST", f"http://{host}:{port}/role", token, body, CONTROL_TIMEOUT)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from rmqbroker.ha import election
 from rmqoperator import builders, metrics
 from rmqoperator.brokerapi import AdminError, BrokerAdmin
 from rmqoperator.failover import (
@@ -34,6 +35,7 @@ from rmqoperator.failover import (
     decide_failover,
     fence_targets,
     follows,
+    handover_candidate,
     observe,
     plan_alignment,
     reported_master,
@@ -54,6 +56,10 @@ VOLUME_CHECK_SECONDS = 60.0
 SECRET_RECHECK_SECONDS = 5.0
 # An outdated broker unreachable this long is replaced ahead of the roll's order (rolling.py).
 STUCK_SECONDS = 15.0
+# A master handed over before its restart waits this long for its slaves to take its last bytes
+# (within the admin call's 15 s), and the chosen slave must show them this soon after.
+HANDOVER_DRAIN_MILLIS = 8000
+HANDOVER_CATCHUP_SECONDS = 5.0
 
 Obj = dict[str, Any]
 
@@ -386,6 +392,12 @@ class GroupController:
                 starting = decision.reason == "MasterStarting"
                 self.roll = await self._roll(spec, views, now, new_group=starting) \
                     if decision.action == "none" or starting else None
+                if self.roll is not None and self.roll.reason == "HandedOver":
+                    # The others follow the new master now (a SYNC master takes no send without one).
+                    views = await self._observe(spec)
+                    now = time.monotonic()
+                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                    await self._align(spec, views, now)
                 if now - self._secrets_checked >= (SECRET_RECHECK_SECONDS if self.secret_note else
                                                     VOLUME_CHECK_SECONDS):
                     await self._check_secrets(spec)
@@ -623,6 +635,9 @@ class GroupController:
                             len(self.state.assignment), self.memory.in_sync, stuck=stuck, new_group=new_group)
         if step.pod is not None:
             if step.pod == self.state.master_pod(spec):
+                if step.reason == "Restarting" and await self._hand_over(spec, views):
+                    # The old master is an outdated slave now: the roll restarts it once it follows.
+                    return RollStep(None, "HandedOver", step.pending)
                 self.planned_restart = step.pod
             await self.api.delete_pod(spec.namespace, step.pod)
             metrics.RESTARTS.labels(self.namespace, self.name, "rolling").inc()
@@ -631,6 +646,75 @@ class GroupController:
             await self._event("Normal", "RollingRestart", f"restarting {step.pod}: {why} "
                                                           f"(order: {', '.join(step.pending)})")
         return step
+
+    async def _hand_over(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
+        """Move the master to an in-sync slave before its planned restart, so that writes pause for
+        a drain instead of a pod restart (and a slow restart cannot turn into a failover). Whether
+        it did; if not, the master is restarted in place, as without a hand-over.
+
+        The master is demoted first with a drain (it refuses sends, its slaves take its last
+        bytes), the slave is promoted at a new epoch only once it holds every one of them, and it
+        takes a last metadata round from the old master: nothing acknowledged is left behind.
+        """
+        assert self.state is not None
+        old = self.state.master_pod(spec)
+        cand = handover_candidate(spec, self.state, views)
+        cand_id = self.state.broker_id_of(spec, cand) if cand else None
+        if old is None or cand is None or cand_id is None:
+            return False
+        mv, cv = views[old], views[cand]
+        assert mv.ip is not None and cv.ip is not None and mv.broker is not None
+        token, port = self.token or "", spec.ports.admin
+        epoch = election.next_epoch(self.state.epoch, [p.broker.epoch for p in views.values() if p.broker is not None])
+        started = time.monotonic()
+        try:
+            answer = await self.admin.set_role(mv.ip, port, token, "SLAVE", cand_id, self.state.epoch,
+                                               drain_millis=HANDOVER_DRAIN_MILLIS)
+        except AdminError as exc:
+            return await self._hand_over_failed(old, cand, f"demoting {old} failed: {exc}")
+        final = answer.get("maxPhyOffset")
+        final = final if isinstance(final, int) else mv.broker.max_offset
+        if not await self._holds(spec, cv, final):
+            return await self._hand_over_failed(old, cand, f"{cand} did not reach {old}'s last offset {final}")
+        try:
+            result = await self.admin.set_role(cv.ip, port, token, spec.master_role, 0, epoch, sync_metadata=True)
+        except AdminError as exc:
+            return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}")
+        paused = time.monotonic() - started
+        self.state = self.state.promoted(spec, cv.ordinal, epoch)
+        metrics.HANDOVERS.labels(self.namespace, self.name, "ok").inc()
+        await self._event("Normal", "MasterHandedOver",
+                          f"{old} handed the master over to {cand} (epoch {epoch}) before its restart: sends paused "
+                          f"{paused:.2f}s, {cand} holds all {final} bytes of the log")
+        if result.get("metadataSynced") is False:
+            await self._event("Warning", "MetadataNotSynced",
+                              f"{cand} could not take {old}'s metadata before its promotion "
+                              f"({result.get('metadataSyncError')}): consumer offsets committed since its last "
+                              "periodic sync may be delivered again")
+        await self._apply_config_map(spec, "hand-over")
+        await self._write_status(spec)
+        return True
+
+    async def _holds(self, spec: GroupSpec, view: PodView, offset: int) -> bool:
+        """Whether ``view``'s broker holds the log up to ``offset`` as a slave, within a few seconds."""
+        assert view.ip is not None
+        deadline = time.monotonic() + HANDOVER_CATCHUP_SECONDS
+        while True:
+            try:
+                st = BrokerView.from_status(await self.admin.status(view.ip, spec.ports.admin, self.token or ""))
+                if st.role == "SLAVE" and st.max_offset >= offset:
+                    return True
+            except (AdminError, ValueError, TypeError) as exc:
+                log.debug("%s: status unavailable: %s", view.name, exc)
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    async def _hand_over_failed(self, old: str, cand: str, why: str) -> bool:
+        metrics.HANDOVERS.labels(self.namespace, self.name, "error").inc()
+        await self._event("Warning", "HandOverFailed", f"master {old} not handed over to {cand}: {why}; restarting "
+                                                       f"{old} in place (its configuration keeps it master)")
+        return False
 
     # ------------------------------------------------------------ status and events
     async def _write_status(self, spec: GroupSpec | None) -> None:

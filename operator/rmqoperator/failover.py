@@ -272,6 +272,24 @@ def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: 
     return election.choose(live, [p.name for p in slaves], state.epoch, spec.failover.strict(spec.replication), record)
 
 
+def handover_candidate(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> str | None:
+    """The slave a planned restart of the master hands over to, or None (restart it in place).
+
+    Only a reachable slave following the healthy master in its epoch, connected and in sync, so
+    that the master's drain leaves it holding every byte; the most advanced, the lowest ordinal
+    on a tie. None with failover disabled: the user keeps the master where it is.
+    """
+    master_pod = state.master_pod(spec)
+    mv = pods.get(master_pod) if master_pod else None
+    if not spec.failover.enabled or mv is None or not master_healthy(mv):
+        return None
+    ready = [p for name, p in pods.items() if name != master_pod and not p.deleting and p.ready and p.ip
+             and state.broker_id_of(spec, name) not in (None, 0) and in_sync(spec, p, mv)]
+    if not ready:
+        return None
+    return max(ready, key=lambda p: (p.broker.max_offset if p.broker else 0, -p.ordinal)).name
+
+
 def after_fencing(views: Mapping[str, PodView], master_pod: str, fenced: Mapping[str, int]) -> dict[str, PodView]:
     """The views a promotion chooses on once the slaves were fenced (POST /ha/fence): a fenced
     slave at the final offset it answered, a slave that could not be fenced as unreachable (it may

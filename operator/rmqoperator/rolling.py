@@ -8,6 +8,9 @@ and only when every pod is back, Ready, reachable and every slave is in sync aga
 never overlaps another and a slave is never restarted while the only up-to-date copy is elsewhere.
 The exception is an outdated pod that is down already (the last change broke it and was reverted):
 it is replaced at once, as the only way out of a crash loop on an ``OnDelete`` StatefulSet.
+When the master's turn comes the controller first tries to hand the master over to an in-sync
+slave (:func:`rmqoperator.failover.handover_candidate`); the old master is then an outdated slave
+and is restarted as one.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from tests.integration.test_replication_extra import follows, ha_addr
 from tests.support.procs import BrokerProc
 
 TOPIC = "HandOver"
-NO_PERIODIC_SYNC: dict[str, Any] = {"slaveSyncInitialDelay": 600000, "slaveSyncInterval": 600000, "maxMessageSize": 1024 * 1024}
+NO_PERIODIC_SYNC: dict[str, Any] = {"slaveSyncInitialDelay": 600000, "slaveSyncInterval": 600000,
+                                    "maxMessageSize": 1024 * 1024}
 
 
 def role(broker: BrokerProc, **body: Any) -> tuple[int, dict[str, Any]]:

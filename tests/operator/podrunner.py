@@ -475,7 +475,11 @@ class FakeBroker:
                                                                   or self.own_epoch == self.epoch):
             self.own_epoch = body["epoch"]  # a promotion begins its epoch (or retries its own)
         self.role, self.broker_id, self.epoch = body["role"], body["brokerId"], body["epoch"]
-        return web.json_response({"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch})
+        extra = {"drained": True} if body.get("drainMillis") else {}
+        if body.get("syncMetadata"):
+            extra["metadataSynced"] = True
+        return web.json_response({"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch,
+                                  "maxPhyOffset": self.max_offset, **extra})
 
     async def _repoint(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -14,6 +14,7 @@ from rmqoperator.failover import (
     choose_candidate,
     decide_failover,
     fence_targets,
+    handover_candidate,
     observe,
     plan_alignment,
     reported_master,
@@ -226,6 +227,28 @@ def test_rolling_order_slaves_highest_first_master_last_one_at_a_time() -> None:
     del views["g-1"]
     views["g-0"] = master(hash_="old")
     assert next_restart(views, "new", "g-0", 3, in_sync).reason == "WaitingForPod"
+
+
+def test_a_planned_master_restart_hands_over_to_the_most_advanced_in_sync_slave() -> None:
+    views = pods(master(offset=5000), slave(1, offset=4900), slave(2, offset=5000))
+    assert handover_candidate(SPEC, STATE, views) == "g-2"
+    views["g-2"] = slave(2, offset=4900)
+    assert handover_candidate(SPEC, STATE, views) == "g-1"  # a tie: the lowest ordinal
+    # Only a slave the master's drain can complete: following it, connected, in its epoch, in sync.
+    for unfit in (slave(1, offset=5000 - 5 * 1024 * 1024), slave(1, follows="10.9.9.9:10912"),
+                  slave(1, connected=False), slave(1, epoch=2), slave(1, ready=False),
+                  down(slave(1)), dataclasses.replace(slave(1), deleting=True)):
+        views = pods(master(offset=5000), unfit, slave(2, offset=4000))
+        assert handover_candidate(SPEC, STATE, views) == "g-2", unfit
+        views = pods(master(offset=5000), unfit)
+        assert handover_candidate(SPEC, STATE, views) is None, unfit
+    views = pods(master(), slave(1), slave(2))
+    # No hand-over with failover disabled (the master stays where the user keeps it) or no master.
+    no_failover = dataclasses.replace(SPEC, failover=FailoverSpec(enabled=False))
+    assert handover_candidate(no_failover, STATE, views) is None
+    assert handover_candidate(SPEC, STATE, {**views, "g-0": down(master())}) is None
+    # A slave outside the assignment (scaled away) is not a candidate.
+    assert handover_candidate(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=3), pods(master(), slave(2))) is None
 
 
 def test_an_outdated_pod_that_is_down_anyway_is_replaced_first() -> None:

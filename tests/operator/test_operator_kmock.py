@@ -101,7 +101,7 @@ def test_three_replicas_roles_ready_and_delete_cleans_up(harness: OperatorHarnes
 
 def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
                                                     fake_pods: tuple[PodRunner, FakeBackend]) -> None:
-    h, (runner, _) = harness, fake_pods
+    h, (runner, backend) = harness, fake_pods
     h.client.apply_group(example(replicas=3))
     wait_ready(h, in_sync=3)
     sts = h.client.get("apps/v1", "statefulsets", NAME)
@@ -119,14 +119,26 @@ def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
     wait_for(rolled, 30, "all three pods restarted with the new config")
     assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
     assert confs(h)["broker-1.conf"]["maxMessageSize"] == "1048576"
-    wait_ready(h, in_sync=3)
+    st = wait_ready(h, in_sync=3)
     assert len(h.client.events("RollingRestart")) == 3
+    # The master's turn came last: it handed over to the in-sync slave first (drained demotion,
+    # promotion with a last metadata round at a new epoch), then restarted as that slave's slave.
+    assert st["master"] == "broker-a-1" and st["epoch"] == 1 and st["brokerIds"]["broker-a-0"] == 1
+    assert [e["message"].split(" handed")[0] for e in h.client.events("MasterHandedOver")] == ["broker-a-0"]
+    assert not h.client.events("Promoted") and not h.client.events("MasterLost")
+    c = confs(h)
+    assert c["broker-1.conf"]["brokerRole"] == "SYNC_MASTER" and c["broker-0.conf"]["brokerRole"] == "SLAVE"
+    assert ("role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1, "syncMetadata": True}) in \
+        backend.brokers["broker-a-1"].calls
 
     # A manual roll: a new restart-at annotation value; replicas only (no restart) for a replicas change.
     runner.deleted.clear()
     h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": "2026-11-22T10:00:00Z"}}})
     wait_for(lambda: len(runner.deleted) == 3, 30, "manual roll")
-    assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
+    # Slaves first (highest ordinal first), the master (now broker-a-1) last, after handing over to broker-a-0.
+    assert runner.deleted == ["broker-a-2", "broker-a-0", "broker-a-1"]
+    st = wait_ready(h, in_sync=3)
+    assert st["master"] == "broker-a-0" and st["epoch"] == 2
     # Removing the annotation again (a manifest cleaned up) asks for no roll.
     wait_ready(h, in_sync=3)
     runner.deleted.clear()
