@@ -147,6 +147,27 @@ def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
     assert runner.deleted == []
 
 
+def test_a_hand_over_that_cannot_complete_restarts_the_master_in_place(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The drained master ends beyond what its in-sync slaves show (they never get its last
+    bytes): no slave is promoted; the master is restarted in place, as its ConfigMap says."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3))
+    wait_ready(h, in_sync=3)
+    fakes.brokers["broker-a-0"].max_offset = 5000  # its slaves stay at 1000: in sync, but short of it
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": "2026-11-28T09:00:00Z"}}})
+    wait_for(lambda: len(runner.deleted) == 3, 40, "roll")
+    assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
+    st = wait_ready(h, in_sync=3)
+    assert st["master"] == "broker-a-0" and st["epoch"] == 0
+    failed = h.client.events("HandOverFailed")
+    assert len(failed) == 1 and "did not reach broker-a-0's last offset 5000" in failed[0]["message"], failed
+    assert not h.client.events("MasterHandedOver")
+    assert not any(c[0] == "role" for c in fakes.brokers["broker-a-1"].calls + fakes.brokers["broker-a-2"].calls)
+    assert confs(h)["broker-0.conf"]["brokerRole"] == "SYNC_MASTER"
+
+
 def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
                                                        fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """spec.scheduling: pods of the group prefer distinct nodes from the start; a new node selector
