@@ -679,7 +679,15 @@ class GroupController:
         try:
             result = await self.admin.set_role(cv.ip, port, token, spec.master_role, 0, epoch, sync_metadata=True)
         except AdminError as exc:
-            return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}")
+            # A lost answer is no failure: restarting the old master as master beside a promoted
+            # slave would make two masters until the next round.
+            try:
+                now_is = BrokerView.from_status(await self.admin.status(cv.ip, port, token))
+            except (AdminError, ValueError, TypeError):
+                now_is = None
+            if now_is is None or not now_is.is_master or now_is.epoch != epoch:
+                return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}")
+            result = {}
         paused = time.monotonic() - started
         self.state = self.state.promoted(spec, cv.ordinal, epoch)
         metrics.HANDOVERS.labels(self.namespace, self.name, "ok").inc()

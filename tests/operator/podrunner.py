@@ -433,6 +433,7 @@ class FakeBroker:
     fence: int = 0  # POST /ha/fence: masters below this epoch are not followed until a re-point
     fence_route: bool = True
     fence_fails: bool = False  # the fence answers 500 (a broker that cannot drop its master)
+    lose_promotion_answer: bool = False  # a promotion is carried out but answered 500 (a lost answer)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -478,6 +479,8 @@ class FakeBroker:
         extra = {"drained": True} if body.get("drainMillis") else {}
         if body.get("syncMetadata"):
             extra["metadataSynced"] = True
+        if self.lose_promotion_answer and self.role != "SLAVE":
+            return web.json_response({"error": "answer lost"}, status=500)
         return web.json_response({"role": self.role, "brokerId": self.broker_id, "epoch": self.epoch,
                                   "maxPhyOffset": self.max_offset, **extra})
 
@@ -527,6 +530,7 @@ class FakeBackend:
         self.brokers: dict[str, FakeBroker] = {}  # pod -> its current fake
         self.peers: dict[str, FakeBroker] = {}
         self.fence = True  # False: brokers of an older image, without POST /ha/fence
+        self.lost_promotion_answers: set[str] = set()  # pods whose promotions are answered 500
 
     def start(self, runner: PodRunner, pod: dict[str, Any], ip: str, files: dict[str, Path],
               env: dict[str, str], args: list[str]) -> Any:
@@ -543,7 +547,8 @@ class FakeBackend:
 
         text = conf_path.read_text()
         conf = parse_properties(text if "\nlistenHost=" in text else runner.rewrite(text, files))
-        broker = FakeBroker(conf, ip, peers=self.peers, fence_route=self.fence)
+        broker = FakeBroker(conf, ip, peers=self.peers, fence_route=self.fence,
+                            lose_promotion_answer=name in self.lost_promotion_answers)
         self.loop.call(broker.start(int(conf["adminListenPort"])))
         self.brokers[name] = broker
         self.peers[broker.ha_address] = broker

@@ -168,6 +168,24 @@ def test_a_hand_over_that_cannot_complete_restarts_the_master_in_place(
     assert confs(h)["broker-0.conf"]["brokerRole"] == "SYNC_MASTER"
 
 
+def test_a_hand_over_whose_promotion_answer_is_lost_still_completes(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The slave was promoted but its answer lost: the operator asks it and carries on, rather than
+    restarting the old master as a second master."""
+    h, (runner, fakes) = harness, fake_pods
+    fakes.lost_promotion_answers.add("broker-a-1")
+    h.client.apply_group(example(replicas=3))
+    wait_ready(h, in_sync=3)
+    runner.deleted.clear()
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": "2026-11-28T09:30:00Z"}}})
+    wait_for(lambda: len(runner.deleted) == 3, 40, "roll")
+    st = wait_ready(h, in_sync=3)
+    assert st["master"] == "broker-a-1" and st["epoch"] == 1
+    assert len(h.client.events("MasterHandedOver")) == 1 and not h.client.events("HandOverFailed")
+    assert confs(h)["broker-0.conf"]["brokerRole"] == "SLAVE"
+    assert not h.client.events("MasterAdopted")  # never two masters to choose between
+
+
 def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
                                                        fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """spec.scheduling: pods of the group prefer distinct nodes from the start; a new node selector
