@@ -39,12 +39,21 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    switchover_check,
     term_owner,
 )
 from rmqoperator.k8s import ApiError, KubeApi
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas, volume_resizes
 from rmqoperator.rolling import RollStep, next_restart
-from rmqoperator.spec import PAUSED_ANNOTATION, GroupSpec, SpecError, fixed_port_problems, parse_spec, problems
+from rmqoperator.spec import (
+    PAUSED_ANNOTATION,
+    SWITCHOVER_ANNOTATION,
+    GroupSpec,
+    SpecError,
+    fixed_port_problems,
+    parse_spec,
+    problems,
+)
 from rmqoperator.status import Cond, Health, conditions, merge_conditions, now_iso, phase, replica_rows, summary
 from rmqoperator.verifier import Verifier
 
@@ -118,6 +127,8 @@ class GroupController:
         self.last_status: Obj | None = None
         self._announced: set[str] = set()  # one-shot events (keys) not to repeat every tick
         self.planned_restart: str | None = None  # master pod deleted by a rolling restart
+        self.last_handover: Obj | None = None
+        self.switchover: Obj | None = None  # the last switchover-to request and its outcome
         self.verifier = Verifier(api, namespace, name, self._event)
 
     # ------------------------------------------------------------ handlers' entry points
@@ -133,6 +144,9 @@ class GroupController:
             self.last_status = dict(body.get("status") or {}) or None
             lf = (body.get("status") or {}).get("lastFailover")
             self.last_failover = dict(lf) if isinstance(lf, Mapping) else None
+            lh, so = status.get("lastHandOver"), status.get("switchover")
+            self.last_handover = dict(lh) if isinstance(lh, Mapping) else None
+            self.switchover = dict(so) if isinstance(so, Mapping) else None
             self.verifier.load(status)
 
     async def ensure(self, body: Mapping[str, Any]) -> None:
@@ -390,8 +404,14 @@ class GroupController:
                 self._settle_demotions(spec, views)
                 # A new group whose master never started may be waiting on a pod the spec has fixed since.
                 starting = decision.reason == "MasterStarting"
-                self.roll = await self._roll(spec, views, now, new_group=starting) \
-                    if decision.action == "none" or starting else None
+                switched = await self._switchover(spec, views, (body.get("metadata") or {}).get("annotations") or {}) \
+                    if decision.action == "none" else None
+                if switched:
+                    # One change a round: the roll looks again at the next one.
+                    self.roll = RollStep(None, switched, self.roll.pending if self.roll else ())
+                else:
+                    self.roll = await self._roll(spec, views, now, new_group=starting) \
+                        if decision.action == "none" or starting else None
                 if self.roll is not None and self.roll.reason == "HandedOver":
                     # The others follow the new master now (a SYNC master takes no send without one).
                     views = await self._observe(spec)
@@ -647,10 +667,11 @@ class GroupController:
                                                           f"(order: {', '.join(step.pending)})")
         return step
 
-    async def _hand_over(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
-        """Move the master to an in-sync slave before its planned restart, so that writes pause for
-        a drain instead of a pod restart (and a slow restart cannot turn into a failover). Whether
-        it did; if not, the master is restarted in place, as without a hand-over.
+    async def _hand_over(self, spec: GroupSpec, views: Mapping[str, PodView], target: str | None = None) -> bool:
+        """Move the master to an in-sync slave: before its planned restart (``target`` None: the
+        most advanced in-sync slave), so that writes pause for a drain instead of a pod restart and
+        a slow restart cannot turn into a failover; or to ``target`` on request (switchover-to).
+        Whether it did; if not, the caller restarts the old master in place (it may be demoted).
 
         The master is demoted first with a drain (it refuses sends, its slaves take its last
         bytes), the slave is promoted at a new epoch only once it holds every one of them, and it
@@ -658,10 +679,11 @@ class GroupController:
         """
         assert self.state is not None
         old = self.state.master_pod(spec)
-        cand = handover_candidate(spec, self.state, views)
+        cand = target or handover_candidate(spec, self.state, views)
         cand_id = self.state.broker_id_of(spec, cand) if cand else None
         if old is None or cand is None or cand_id is None:
             return False
+        trigger = "Switchover" if target else "RollingRestart"
         mv, cv = views[old], views[cand]
         assert mv.ip is not None and cv.ip is not None and mv.broker is not None
         token, port = self.token or "", spec.ports.admin
@@ -690,9 +712,12 @@ class GroupController:
             result = {}
         paused = time.monotonic() - started
         self.state = self.state.promoted(spec, cv.ordinal, epoch)
+        self.last_handover = {"time": now_iso(), "from": old, "to": cand, "epoch": epoch, "trigger": trigger,
+                              "sendsPausedSeconds": round(paused, 3)}
         metrics.HANDOVERS.labels(self.namespace, self.name, "ok").inc()
+        why = "as requested (switchover-to)" if target else "before its restart"
         await self._event("Normal", "MasterHandedOver",
-                          f"{old} handed the master over to {cand} (epoch {epoch}) before its restart: sends paused "
+                          f"{old} handed the master over to {cand} (epoch {epoch}) {why}: sends paused "
                           f"{paused:.2f}s, {cand} holds all {final} bytes of the log")
         if result.get("metadataSynced") is False:
             await self._event("Warning", "MetadataNotSynced",
@@ -724,6 +749,51 @@ class GroupController:
                                                        f"{old} in place (its configuration keeps it master)")
         return False
 
+    async def _switchover(self, spec: GroupSpec, views: Mapping[str, PodView],
+                          annotations: Mapping[str, Any]) -> str | None:
+        """The switchover-to annotation: each new value is one request to hand the master over to
+        that pod, carried out once it is in sync; its outcome goes to ``status.switchover``.
+        What changed this round: "HandedOver", "Restarted" (a failed attempt) or None."""
+        assert self.state is not None
+        request = str(annotations.get(SWITCHOVER_ANNOTATION) or "")
+        done = self.switchover or {}
+        if not request or (done.get("request") == request and done.get("result") != "Waiting"):
+            return None
+        verdict, message = switchover_check(spec, self.state, views, request)
+        if verdict == "go":
+            old = self.state.master_pod(spec)
+            if await self._hand_over(spec, views, target=request):
+                self._switched(request, "Completed", f"{old} handed the master over to {request}")
+                return "HandedOver"
+            assert old is not None
+            self._switched(request, "Failed", f"the hand-over to {request} failed (see the HandOverFailed event)")
+            return "Restarted" if await self._restart_unless_master(spec, old) else None
+        result = {"done": "Completed", "refuse": "Refused", "wait": "Waiting"}[verdict]
+        if done.get("request") != request or done.get("message") != message:
+            await self._event("Warning" if verdict == "refuse" else "Normal", f"Switchover{result}",
+                              f"switchover to {request}: {message}")
+        self._switched(request, result, message)
+        return None
+
+    def _switched(self, request: str, result: str, message: str) -> None:
+        self.switchover = {"request": request, "result": result, "message": message, "time": now_iso()}
+
+    async def _restart_unless_master(self, spec: GroupSpec, pod: str) -> bool:
+        """After a failed switchover: the old master, if it was demoted, restarts in place (its
+        ConfigMap keeps it master); one still serving as master is left alone. Whether it did."""
+        try:
+            views = await self._observe(spec)
+            v = views.get(pod)
+            if v is not None and v.broker is not None and v.broker.is_master:
+                return False
+            await self.api.delete_pod(spec.namespace, pod)
+        except ApiError as exc:
+            log.warning("%s/%s: %s not restarted after a failed switchover: %s", self.namespace, self.name, pod, exc)
+            return False
+        metrics.RESTARTS.labels(self.namespace, self.name, "handover-failed").inc()
+        self.planned_restart = pod
+        return True
+
     # ------------------------------------------------------------ status and events
     async def _write_status(self, spec: GroupSpec | None) -> None:
         assert self.state is not None
@@ -752,6 +822,10 @@ class GroupController:
         status["phase"] = phase(conds, health) if spec is not None else "Invalid"
         if self.last_failover:
             status["lastFailover"] = self.last_failover
+        if self.last_handover:
+            status["lastHandOver"] = self.last_handover
+        if self.switchover:
+            status["switchover"] = self.switchover
         if self.memory.served_before:
             status["established"] = True
         if self.roll is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rmqbroker.ha import election
-from rmqoperator.builders import Assignment, pod_dns
+from rmqoperator.builders import Assignment, pod_dns, pod_name
 from rmqoperator.reconcile import GroupState
 from rmqoperator.spec import GroupSpec
 
@@ -272,6 +272,11 @@ def choose_candidate(spec: GroupSpec, state: GroupState, master_pod: str, pods: 
     return election.choose(live, [p.name for p in slaves], state.epoch, spec.failover.strict(spec.replication), record)
 
 
+def _fit_for_hand_over(spec: GroupSpec, state: GroupState, name: str, p: PodView, mv: PodView) -> bool:
+    return (name != mv.name and not p.deleting and p.ready and bool(p.ip)
+            and state.broker_id_of(spec, name) not in (None, 0) and in_sync(spec, p, mv))
+
+
 def handover_candidate(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> str | None:
     """The slave a planned restart of the master hands over to, or None (restart it in place).
 
@@ -283,11 +288,28 @@ def handover_candidate(spec: GroupSpec, state: GroupState, pods: Mapping[str, Po
     mv = pods.get(master_pod) if master_pod else None
     if not spec.failover.enabled or mv is None or not master_healthy(mv):
         return None
-    ready = [p for name, p in pods.items() if name != master_pod and not p.deleting and p.ready and p.ip
-             and state.broker_id_of(spec, name) not in (None, 0) and in_sync(spec, p, mv)]
+    ready = [p for name, p in pods.items() if _fit_for_hand_over(spec, state, name, p, mv)]
     if not ready:
         return None
     return max(ready, key=lambda p: (p.broker.max_offset if p.broker else 0, -p.ordinal)).name
+
+
+def switchover_check(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
+                     target: str) -> tuple[Literal["go", "wait", "refuse", "done"], str]:
+    """Whether a requested switchover to ``target`` can be made now, must wait (the target is not
+    in sync yet, the master is not healthy), is refused (no such broker) or is done already."""
+    master_pod = state.master_pod(spec)
+    if target == master_pod:
+        return "done", f"{target} is the master"
+    if target not in {pod_name(spec, o) for o in state.assignment}:
+        return "refuse", f"{target} is not a broker of this group"
+    mv = pods.get(master_pod) if master_pod else None
+    if mv is None or not master_healthy(mv):
+        return "wait", f"the master {master_pod} is not serving"
+    p = pods.get(target)
+    if p is None or not _fit_for_hand_over(spec, state, target, p, mv):
+        return "wait", f"{target} is not a ready slave in sync with {master_pod}"
+    return "go", f"{target} is in sync with {master_pod}"
 
 
 def after_fencing(views: Mapping[str, PodView], master_pod: str, fenced: Mapping[str, int]) -> dict[str, PodView]:
@@ -386,6 +408,4 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
 
 
 def assignment_by_pod(spec: GroupSpec, assignment: Assignment) -> dict[str, int]:
-    from rmqoperator.builders import pod_name
-
     return {pod_name(spec, o): b for o, b in assignment.items()}

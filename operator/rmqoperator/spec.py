@@ -30,6 +30,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 PAUSED_ANNOTATION = f"{GROUP}/paused"
 RESTART_ANNOTATION = f"{GROUP}/restart-at"
+# A pod name: hand the master over to that broker once (each new value is one request).
+SWITCHOVER_ANNOTATION = f"{GROUP}/switchover-to"
 
 DEFAULT_IMAGE = os.environ.get("RMQ_OPERATOR_DEFAULT_IMAGE", "rmq-brokergroup:0.1.0")
 

@@ -18,6 +18,7 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    switchover_check,
     term_owner,
 )
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
@@ -249,6 +250,16 @@ def test_a_planned_master_restart_hands_over_to_the_most_advanced_in_sync_slave(
     assert handover_candidate(SPEC, STATE, {**views, "g-0": down(master())}) is None
     # A slave outside the assignment (scaled away) is not a candidate.
     assert handover_candidate(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=3), pods(master(), slave(2))) is None
+
+
+def test_a_requested_switchover_goes_only_to_an_in_sync_slave_of_the_group() -> None:
+    views = pods(master(offset=5000), slave(1, offset=5000), slave(2, offset=5000, connected=False))
+    assert switchover_check(SPEC, STATE, views, "g-1")[0] == "go"
+    assert switchover_check(SPEC, STATE, views, "g-0") == ("done", "g-0 is the master")
+    assert switchover_check(SPEC, STATE, views, "g-7")[0] == "refuse"
+    assert switchover_check(SPEC, STATE, views, "other-1")[0] == "refuse"
+    assert switchover_check(SPEC, STATE, views, "g-2")[0] == "wait"  # not connected: not in sync
+    assert switchover_check(SPEC, STATE, {**views, "g-0": down(master())}, "g-1")[0] == "wait"
 
 
 def test_an_outdated_pod_that_is_down_anyway_is_replaced_first() -> None:

@@ -1,10 +1,12 @@
 """A rolling restart of a SYNC group of real brokers under load: the master hands over before its
-own restart (no failover), and every send answered SEND_OK is consumed afterwards."""
+own restart (no failover); then a requested switchover; every send answered SEND_OK is consumed
+afterwards."""
 
 from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 from rmqbroker.remoting.codes import ResponseCode
 from rmqoperator.builders import CONFIG_HASH_ANNOTATION
@@ -12,7 +14,7 @@ from tests.integration.helpers import pull_all
 from tests.operator.conftest import example
 from tests.operator.emulator import GROUP, OperatorHarness, wait_for
 from tests.operator.podrunner import PodRunner, ProcessBackend
-from tests.operator.test_e2e_failover import NAME, TOPIC, MasterLookup, Sender, converged, send
+from tests.operator.test_e2e_failover import NAME, TOPIC, MasterLookup, Sender, converged, group_status, send
 
 
 class TimedSender(Sender):
@@ -38,7 +40,7 @@ def longest_gap(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(edges))
 
 
-def test_rolling_restart_hands_the_master_over_without_losing_a_send(
+def test_rolling_restart_and_switchover_hand_the_master_over_without_losing_a_send(
         harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
     h, (runner, _) = harness, real_pods
     # masterLostSeconds far above a pod restart here: a failover would mean the hand-over failed.
@@ -59,32 +61,51 @@ def test_rolling_restart_hands_the_master_over_without_losing_a_send(
     def rolled() -> bool:
         pods = [p for p in h.client.items("v1", "pods") if "namesrv" not in p["metadata"]["name"]]
         hashes = {p["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for p in pods}
-        return len(runner.deleted) == 3 and len(hashes) == 1 and converged(h, "broker-a-1") is not None
+        master = group_status(h).get("master")
+        return (len(runner.deleted) == 3 and len(hashes) == 1 and master in ("broker-a-1", "broker-a-2")
+                and converged(h, master) is not None)
 
-    wait_for(rolled, 120, "every broker restarted, the master handed over to broker-a-1", interval=0.3)
+    wait_for(rolled, 120, "every broker restarted, the master handed over to a slave", interval=0.3)
+    # The most advanced in-sync slave was chosen: either, by how far each got since its restart.
+    new_master = group_status(h)["master"]
+    other = ({"broker-a-1", "broker-a-2"} - {new_master}).pop()
     done_at = time.monotonic()
     acked_before = sum(len(s.acked) for s in senders)
     wait_for(lambda: sum(len(s.acked) for s in senders) >= acked_before + 50, 30, "sends to the new master")
     resumed_at = time.monotonic()
-    for s in senders:
-        s.stop.set()
-    for s in senders:
-        s.join(10)
 
-    roles = {"broker-a-0": "SLAVE", "broker-a-1": "SYNC_MASTER", "broker-a-2": "SLAVE"}
+    roles = {"broker-a-0": "SLAVE", new_master: "SYNC_MASTER", other: "SLAVE"}
     # The old master's restart may still be under way when the status first converged.
-    st = wait_for(lambda: (s := converged(h, "broker-a-1")) and {r["pod"]: r["role"] for r in s["replicas"]} == roles
-                  and s, 60, "broker-a-0 back as a slave, 3 in sync")
+    def settled() -> dict[str, Any] | None:
+        s = converged(h, new_master)
+        return s if s is not None and {r["pod"]: r["role"] for r in s["replicas"]} == roles else None
+
+    st = wait_for(settled, 60, "broker-a-0 back as a slave, 3 in sync")
     assert runner.deleted == ["broker-a-2", "broker-a-1", "broker-a-0"]
-    assert st["master"] == "broker-a-1" and st["epoch"] == 1 and st["brokerIds"]["broker-a-0"] == 1
+    assert st["epoch"] == 1 and st["brokerIds"]["broker-a-0"] == int(new_master[-1])
     handed = h.client.events("MasterHandedOver")
-    assert len(handed) == 1 and handed[0]["message"].startswith("broker-a-0 handed the master over to broker-a-1")
-    for reason in ("Promoted", "MasterLost", "HandOverFailed", "MetadataNotSynced"):
-        assert not h.client.events(reason), f"unexpected {reason}: {h.client.events(reason)}"
+    assert len(handed) == 1 and handed[0]["message"].startswith(f"broker-a-0 handed the master over to {new_master}")
     gap = longest_gap([t for s in senders for t in s.ack_times], rolled_at, resumed_at)
     failed = sum(s.failed for s in senders)
     print(f"\nroll of 3 under 3 SYNC senders: {done_at - rolled_at:.1f}s, longest time without an ack {gap:.2f}s, "
           f"{failed} failed sends (retried), {handed[0]['message']}")
+
+    # A requested switchover, still under the senders: no restart at all.
+    asked_at = time.monotonic()
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/switchover-to": other}}})
+    st = wait_for(lambda: (s := converged(h, other)) and s["switchover"]["result"] == "Completed" and s,
+                  30, f"switchover to {other}")
+    acked_before = sum(len(s.acked) for s in senders)
+    wait_for(lambda: sum(len(s.acked) for s in senders) >= acked_before + 50, 30, f"sends to {other}")
+    gap = longest_gap([t for s in senders for t in s.ack_times], asked_at, time.monotonic())
+    for s in senders:
+        s.stop.set()
+    for s in senders:
+        s.join(10)
+    assert st["epoch"] == 2 and st["lastHandOver"]["trigger"] == "Switchover" and len(runner.deleted) == 3
+    print(f"switchover: longest time without an ack {gap:.2f}s, {st['lastHandOver']}")
+    for reason in ("Promoted", "MasterLost", "HandOverFailed", "MetadataNotSynced"):
+        assert not h.client.events(reason), f"unexpected {reason}: {h.client.events(reason)}"
 
     # Every acknowledged message can be consumed (stock C++ client, through the nameserver).
     acked = {k for s in senders for k in s.acked}

@@ -186,6 +186,50 @@ def test_a_hand_over_whose_promotion_answer_is_lost_still_completes(
     assert not h.client.events("MasterAdopted")  # never two masters to choose between
 
 
+def test_switchover_annotation_moves_the_master_once_per_request(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3))
+    wait_ready(h, in_sync=3)
+    runner.deleted.clear()
+
+    def request(pod: str) -> None:
+        h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/switchover-to": pod}}})
+
+    def outcome(pod: str, result: str) -> dict[str, Any]:
+        return wait_for(lambda: (so := status(h).get("switchover") or {}).get("request") == pod
+                        and so.get("result") == result and status(h), 15, f"switchover to {pod}: {result}")
+
+    # A slave not in sync (8 MiB behind) is waited for, then switched to.
+    fakes.brokers["broker-a-0"].max_offset = 8 << 20
+    request("broker-a-2")
+    st = outcome("broker-a-2", "Waiting")
+    assert st["master"] == "broker-a-0" and "not a ready slave in sync" in st["switchover"]["message"]
+    time.sleep(1.0)
+    assert status(h)["switchover"]["result"] == "Waiting" and not h.client.events("MasterHandedOver")
+    fakes.brokers["broker-a-0"].max_offset = 1000
+    st = outcome("broker-a-2", "Completed")
+    assert st["master"] == "broker-a-2" and st["epoch"] == 1 and st["brokerIds"]["broker-a-0"] == 2
+    assert st["lastHandOver"]["trigger"] == "Switchover" and st["lastHandOver"]["from"] == "broker-a-0"
+    assert next(c[1].get("drainMillis") for c in fakes.brokers["broker-a-0"].calls if c[0] == "role") > 0
+    st = wait_ready(h, in_sync=3)
+    assert runner.deleted == []  # no restart: the old master follows the new one
+    assert confs(h)["broker-2.conf"]["brokerRole"] == "SYNC_MASTER"
+    # The same value again asks for nothing, even once the master moves on.
+    time.sleep(1.5)
+    assert status(h)["master"] == "broker-a-2" and len(h.client.events("MasterHandedOver")) == 1
+    # A pod that is not a broker of the group is refused; the master itself is done at once.
+    request("broker-a-9")
+    st = outcome("broker-a-9", "Refused")
+    assert "not a broker of this group" in st["switchover"]["message"]
+    request("broker-a-2")
+    outcome("broker-a-2", "Completed")
+    request("broker-a-1")
+    st = outcome("broker-a-1", "Completed")
+    assert st["master"] == "broker-a-1" and st["epoch"] == 2
+    assert len(h.client.events("MasterHandedOver")) == 2 and h.client.events("SwitchoverRefused")
+
+
 def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
                                                        fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """spec.scheduling: pods of the group prefer distinct nodes from the start; a new node selector
