@@ -776,7 +776,10 @@ class GroupController:
         return None
 
     def _switched(self, request: str, result: str, message: str) -> None:
-        self.switchover = {"request": request, "result": result, "message": message, "time": now_iso()}
+        now = {"request": request, "result": result, "message": message}
+        if any((self.switchover or {}).get(k) != v for k, v in now.items()):
+            # Stamped when it changes: a request waiting for its pod writes no status every round.
+            self.switchover = {**now, "time": now_iso()}
 
     async def _restart_unless_master(self, spec: GroupSpec, pod: str) -> bool:
         """After a failed switchover: the old master, if it was demoted, restarts in place (its
