@@ -92,6 +92,11 @@ def consume_args(namesrv: str, topic: str, group: str) -> list[str]:
     return ["consume", "--namesrv", namesrv, "--topic", topic, "--group", group]
 
 
+def acked_keys(events: list[Obj]) -> set[str]:
+    """Keys of the sends a client Job's events show acknowledged."""
+    return {e["key"] for e in events if e.get("event") == "ack"}
+
+
 def parse_events(log_text: str) -> list[Obj]:
     """The JSON lines the client script printed (the C++ client's own output is skipped)."""
     events: list[Obj] = []

@@ -23,6 +23,7 @@ import pytest
 from tests.e2e.conftest import E2EConfig
 from tests.e2e.kube import (
     Kubectl,
+    acked_keys,
     client_job,
     consume_args,
     is_ready,
@@ -36,10 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 MESSAGES_BEFORE = 200
 FAILOVER_TRAFFIC_SECONDS = 120
-
-
-def acked_keys(events: list[dict[str, Any]]) -> set[str]:
-    return {e["key"] for e in events if e.get("event") == "ack"}
 
 
 def test_failover_loses_no_acknowledged_message(kubectl: Kubectl, e2e_config: E2EConfig) -> None:

@@ -22,6 +22,7 @@ import pytest
 from tests.e2e.conftest import E2EConfig
 from tests.e2e.kube import (
     Kubectl,
+    acked_keys,
     client_job,
     consume_args,
     is_ready,
@@ -35,10 +36,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 TRAFFIC_SECONDS = 300
 GROUP = "rmq.brokergroup.dev"
-
-
-def acked_keys(events: list[dict[str, Any]]) -> set[str]:
-    return {e["key"] for e in events if e.get("event") == "ack"}
 
 
 def test_roll_and_switchover_hand_over_without_failover_or_loss(kubectl: Kubectl, e2e_config: E2EConfig) -> None:

@@ -96,15 +96,20 @@ def converged(h: OperatorHarness, master: str) -> dict[str, Any] | None:
     return st if ok else None
 
 
-def test_master_killed_slave_promoted_no_acknowledged_message_lost(
-        harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
-    h, (runner, _) = harness, real_pods
-    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": MASTER_LOST_SECONDS},
+def sync_group_of_three(h: OperatorHarness, master_lost_seconds: int) -> None:
+    """A SYNC group of three real brokers with small files, Ready with every slave in sync."""
+    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": master_lost_seconds},
                                  brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
                                                "mappedFileSizeConsumeQueue": "60000",
                                                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
-    st = wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
-    old_master_addr = st["masterAddress"]
+    wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+
+
+def test_master_killed_slave_promoted_no_acknowledged_message_lost(
+        harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
+    h, (runner, _) = harness, real_pods
+    sync_group_of_three(h, MASTER_LOST_SECONDS)
+    old_master_addr = group_status(h)["masterAddress"]
 
     sender = Sender(old_master_addr)
     sender.start()
@@ -177,11 +182,7 @@ def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
     fenced before the choice, so none of them can acknowledge those: no send answered SEND_OK is
     missing afterwards, and the old master is demoted and follows."""
     h, (runner, _) = harness, real_pods
-    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": 2},
-                                 brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
-                                               "mappedFileSizeConsumeQueue": "60000",
-                                               "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
-    wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+    sync_group_of_three(h, 2)
     lookup = MasterLookup(h)
     senders = [Sender(lookup, prefix=f"s{n}-") for n in range(4)]
     for s in senders:

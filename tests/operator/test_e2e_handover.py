@@ -11,10 +11,18 @@ from typing import Any
 from rmqbroker.remoting.codes import ResponseCode
 from rmqoperator.builders import CONFIG_HASH_ANNOTATION
 from tests.integration.helpers import pull_all
-from tests.operator.conftest import example
 from tests.operator.emulator import GROUP, OperatorHarness, wait_for
 from tests.operator.podrunner import PodRunner, ProcessBackend
-from tests.operator.test_e2e_failover import NAME, TOPIC, MasterLookup, Sender, converged, group_status, send
+from tests.operator.test_e2e_failover import (
+    NAME,
+    TOPIC,
+    MasterLookup,
+    Sender,
+    converged,
+    group_status,
+    send,
+    sync_group_of_three,
+)
 
 
 class TimedSender(Sender):
@@ -44,11 +52,7 @@ def test_rolling_restart_and_switchover_hand_the_master_over_without_losing_a_se
         harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
     h, (runner, _) = harness, real_pods
     # masterLostSeconds far above a pod restart here: a failover would mean the hand-over failed.
-    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": 60},
-                                 brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
-                                               "mappedFileSizeConsumeQueue": "60000",
-                                               "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
-    wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+    sync_group_of_three(h, 60)
     lookup = MasterLookup(h)
     senders = [TimedSender(lookup, prefix=f"r{n}-") for n in range(3)]
     for s in senders:
