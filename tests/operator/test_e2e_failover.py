@@ -96,9 +96,10 @@ def converged(h: OperatorHarness, master: str) -> dict[str, Any] | None:
     return st if ok else None
 
 
-def sync_group_of_three(h: OperatorHarness, master_lost_seconds: int) -> None:
-    """A SYNC group of three real brokers with small files, Ready with every slave in sync."""
-    h.client.apply_group(example(replicas=3, replication="SYNC", failover={"masterLostSeconds": master_lost_seconds},
+def group_of_three(h: OperatorHarness, master_lost_seconds: int, replication: str = "SYNC") -> None:
+    """A group of three real brokers (SYNC unless said) with small files, Ready with every slave in sync."""
+    failover = {"masterLostSeconds": master_lost_seconds}
+    h.client.apply_group(example(replicas=3, replication=replication, failover=failover,
                                  brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
                                                "mappedFileSizeConsumeQueue": "60000",
                                                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
@@ -108,7 +109,7 @@ def sync_group_of_three(h: OperatorHarness, master_lost_seconds: int) -> None:
 def test_master_killed_slave_promoted_no_acknowledged_message_lost(
         harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
     h, (runner, _) = harness, real_pods
-    sync_group_of_three(h, MASTER_LOST_SECONDS)
+    group_of_three(h, MASTER_LOST_SECONDS)
     old_master_addr = group_status(h)["masterAddress"]
 
     sender = Sender(old_master_addr)
@@ -182,7 +183,7 @@ def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
     fenced before the choice, so none of them can acknowledge those: no send answered SEND_OK is
     missing afterwards, and the old master is demoted and follows."""
     h, (runner, _) = harness, real_pods
-    sync_group_of_three(h, 2)
+    group_of_three(h, 2)
     lookup = MasterLookup(h)
     senders = [Sender(lookup, prefix=f"s{n}-") for n in range(4)]
     for s in senders:
