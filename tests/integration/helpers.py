@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
@@ -29,10 +29,11 @@ PY = sys.executable
 T = TypeVar("T")
 
 
-def poll(fn: Callable[[], T | None], timeout: float, interval: float = 0.1, what: str = "condition") -> T:
+def poll(fn: Callable[[], T | Literal[False] | None], timeout: float, interval: float = 0.1,
+         what: str = "condition") -> T:
     """Call ``fn`` until it returns something truthy; that value, or TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | Literal[False] | None = None
     while True:
         last = fn()
         if last:

@@ -5,6 +5,7 @@ or non-admin admin request are refused with RocketMQ's remark and counted, and r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -125,7 +126,8 @@ def test_slave_metadata_sync_signs_with_the_configured_account(cluster: Cluster,
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(ACL)
     ns = cluster.namesrv()
-    conf = {"aclEnable": "true", "aclFile": str(acl), "slaveSyncInitialDelay": 200, "slaveSyncInterval": 300}
+    conf: dict[str, Any] = {"aclEnable": "true", "aclFile": str(acl), "slaveSyncInitialDelay": 200,
+                            "slaveSyncInterval": 300}
     master = cluster.broker(ns.addr, name="broker-aclha", **conf)
     signed = cluster.broker(ns.addr, name="broker-aclha", broker_id=1, role="SLAVE",
                             haMasterAddress=f"127.0.0.1:{master.port + 1}", aclAccessKey=CONSUMER[0],

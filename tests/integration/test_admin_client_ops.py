@@ -353,7 +353,7 @@ def test_resume_check_half_message(env: tuple[Namesrv, BrokerProc, list[str]]) -
             {"msgId": given_up}, {"msgId": ids[0]}, {"msgId": offset_msg_id("127.0.0.1", broker.port, 10**12)},
             {})]
         for _ in range(100):  # the copy is checked after transactionTimeOut, and the answer commits it
-            if len(p.checks) > asked and await asyncio.to_thread(_delivered, broker.addr):
+            if len(p.checks) > asked and bool(await asyncio.to_thread(_delivered, broker.addr)):
                 break
             await asyncio.sleep(0.1)
         copy_id = p.checks[-1].ext_fields["offsetMsgId"]

@@ -277,7 +277,7 @@ def test_properties_just_under_the_limit_are_stored(broker: BrokerProc) -> None:
     (RequestCode.SEND_MESSAGE_V2, {"e": str(2**31)}, "queueId"),
     (RequestCode.SEND_MESSAGE_V2, {"f": str(2**31)}, "sysFlag"),
 ])
-def test_out_of_range_header_number_is_a_header_error(broker: BrokerProc, code: int, override: dict[str, str],
+def test_out_of_range_header_number_is_a_header_error(broker: BrokerProc, code: int, override: dict[str, Any],
                                                       field: str) -> None:
     """A header number outside Java's int (long for bornTimestamp) is answered like a malformed
     field: SYSTEM_ERROR naming the field, counted as a header error (not a handler error), the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_system_topic_list(cluster: Cluster) -> None:
     body = topic_list(c.ns.addr, RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS)
     assert set(body) == {"topicList", "brokerAddr"}
     # the cluster and broker names, as Java; the address of the first broker, to ask it for its own
-    assert sorted(body["topicList"]) == ["ClusterA", "ClusterB", "broker-a", "broker-b"]  # type: ignore[arg-type]
+    assert sorted(cast(list[str], body["topicList"])) == ["ClusterA", "ClusterB", "broker-a", "broker-b"]
     assert body["brokerAddr"] == c.a.addr
     # ... which a Java admin client then asks (GET_SYSTEM_TOPIC_LIST_FROM_BROKER), failing if it cannot
     from_broker = topics(str(body["brokerAddr"]), RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER)

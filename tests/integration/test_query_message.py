@@ -6,6 +6,7 @@ built from the replicated log; unknown keys and bad requests get RocketMQ's answ
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,14 @@ from tests.support.procs import free_port
 TOPIC = "QueryTopic"
 
 
-def query(addr: str, key: str, *, unique: bool = False, begin: int = 0, end: int | None = None) -> tuple[int, list]:
+def msg_id(result: dict[str, Any] | None) -> str:
+    """The message id of a send the client reported (None: it reported none)."""
+    assert result is not None
+    return str(result["msg_id"])
+
+
+def query(addr: str, key: str, *, unique: bool = False, begin: int = 0,
+          end: int | None = None) -> tuple[int, list[Any]]:
     ext = {"topic": TOPIC, "key": key, "maxNum": "64", "beginTimestamp": str(begin),
            "endTimestamp": str(end if end is not None else int(time.time() * 1000) + 60_000)}
     if unique:
@@ -46,21 +54,21 @@ def test_messages_are_found_by_key_unique_key_and_offset_id(
     assert rmq_admin(["queryMsgByKey", *n, "-t", TOPIC, "-k", "order-7"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines()[1:]]
-    assert len(rows) == 1 and rows[0][0] == sent[7]["msg_id"] and rows[0][-2:] == ["order-7", "batch-A"]
+    assert len(rows) == 1 and rows[0][0] == msg_id(sent[7]) and rows[0][-2:] == ["order-7", "batch-A"]
 
     assert rmq_admin(["queryMsgByKey", *n, "-t", TOPIC, "-k", "batch-A"]) == 0
     ids = {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]}
     assert ids == {r["msg_id"] for r in sent if r is not None}
     assert len(list((master.store_dir / "index").iterdir())) >= 2  # the chains cross index files
 
-    assert rmq_admin(["queryMsgByUniqueKey", *n, "-t", TOPIC, "-i", sent[3]["msg_id"]]) == 0
+    assert rmq_admin(["queryMsgByUniqueKey", *n, "-t", TOPIC, "-i", msg_id(sent[3])]) == 0
     out = capsys.readouterr().out
-    assert "order-3 batch-A" in out and "TagQ" in out and f"Message ID:         {sent[3]['msg_id']}" in out
+    assert "order-3 batch-A" in out and "TagQ" in out and f"Message ID:         {msg_id(sent[3])}" in out
     # ... with the broker's offset message id, which queryMsgById takes.
     offset_id = next(line.split()[1] for line in out.splitlines() if line.startswith("OffsetID:"))
     assert decode_offset_msg_id(offset_id)[:2] == ("127.0.0.1", master.port)
     assert rmq_admin(["queryMsgById", *n, "-i", offset_id]) == 0
-    assert f"Message ID:         {sent[3]['msg_id']}" in capsys.readouterr().out
+    assert f"Message ID:         {msg_id(sent[3])}" in capsys.readouterr().out
 
     assert rmq_admin(["queryMsgById", *n, "-i", raw.ext_fields["msgId"]]) == 0
     out = capsys.readouterr().out
@@ -76,7 +84,7 @@ def test_messages_are_found_by_key_unique_key_and_offset_id(
     wait_caught_up(master, [slave])
     code, records = query(slave.addr, "order-12")
     assert code == ResponseCode.SUCCESS and [r.body for r in records] == [b"body-12"]
-    code, records = query(slave.addr, sent[5]["msg_id"], unique=True)
+    code, records = query(slave.addr, msg_id(sent[5]), unique=True)
     assert code == ResponseCode.SUCCESS and [r.body for r in records] == [b"body-5"]
 
     # RocketMQ's answers: nothing in range, nothing under the key, a request without a key.
@@ -119,6 +127,6 @@ def test_index_pages_lost_with_the_machine_are_built_again(cluster: Cluster) -> 
     for i in range(150):
         code, records = query(broker.addr, f"order-{i}")
         assert code == ResponseCode.SUCCESS and [r.body for r in records] == [f"body-{i}".encode()], i
-    code, records = query(broker.addr, sent[77]["msg_id"], unique=True)
+    code, records = query(broker.addr, msg_id(sent[77]), unique=True)
     assert code == ResponseCode.SUCCESS and [r.body for r in records] == [b"body-77"]
     assert "indexed commitlog" in broker.log_text()

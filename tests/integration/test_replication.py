@@ -117,7 +117,10 @@ def assert_replicas_identical(master: BrokerProc, slaves: list[BrokerProc]) -> N
     assert_commitlogs_identical(master, slaves)
     ref_cq = poll(lambda: consume_queues(master.store_dir) or None, 5)
     for s in slaves:
-        poll(lambda s=s: consume_queues(s.store_dir) == ref_cq, 15, what="consume queues agree")
+        def agree(store_dir: Path = s.store_dir) -> bool:
+            return consume_queues(store_dir) == ref_cq
+
+        poll(agree, 15, what="consume queues agree")
 
 
 def test_two_slaves_replicate_byte_identical_and_late_slave_catches_up(cluster: Cluster) -> None:

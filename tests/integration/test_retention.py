@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,8 @@ def segment_paths(broker: BrokerProc) -> list[str]:
 def test_expired_segments_go_on_request_and_consumers_and_slaves_follow(
         cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     ns = cluster.namesrv()
-    conf = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536, "mappedFileSizeConsumeQueue": 20 * 50,
+    conf: dict[str, Any] = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536,
+            "mappedFileSizeConsumeQueue": 20 * 50,
             "deleteWhen": off_hours(), "cleanResourceInterval": 1000, "diskMaxUsedSpaceRatio": 95}
     master = cluster.broker(ns.addr, name="broker-r", **conf)
     slave = cluster.broker(ns.addr, name="broker-r", broker_id=1, role="SLAVE",
@@ -155,7 +157,8 @@ def test_clean_expired_consume_queues_and_unused_topics(cluster: Cluster, capsys
     others stay. cleanUnusedTopic (316): queues of a topic without config (here: removed from
     topics.json while the broker was down) go, and stay gone after a crash-like restart."""
     ns = cluster.namesrv()
-    conf = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536, "mappedFileSizeConsumeQueue": 20 * 50,
+    conf: dict[str, Any] = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536,
+            "mappedFileSizeConsumeQueue": 20 * 50,
             "deleteWhen": off_hours(), "cleanResourceInterval": 1000, "diskMaxUsedSpaceRatio": 95}
     b = cluster.broker(ns.addr, name="broker-c", **conf)
     for topic in ("OldTopic", "UnusedTopic", TOPIC):

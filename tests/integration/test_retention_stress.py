@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.message_store import MessageStore
@@ -36,7 +37,8 @@ def consistent(broker: BrokerProc) -> int:
 
 def test_segments_deleted_under_load_lose_nothing_they_should_keep(cluster: Cluster) -> None:
     ns = cluster.namesrv()
-    conf = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536, "mappedFileSizeConsumeQueue": 20 * 200,
+    conf: dict[str, Any] = {"mappedFileSizeCommitLog": SEG, "maxMessageSize": 65536,
+            "mappedFileSizeConsumeQueue": 20 * 200,
             "cleanResourceInterval": 200, "deleteCommitLogFilesInterval": 0,
             # Every round is over the forced-clean ratio but never "full": the oldest segments go.
             "diskSpaceCleanForciblyRatio": 1, "diskSpaceWarningLevelRatio": 100,

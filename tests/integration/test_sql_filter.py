@@ -68,7 +68,7 @@ async def _pull_everything(client: RemotingClient, addr: str, group: str, **extr
         offset = 0
         for _ in range(100):
             resp = await client.invoke(addr, RemotingCommand(RequestCode.PULL_MESSAGE,
-                                                             ext_fields=_pull_ext(group, qid, offset, **extra)), 5)
+                                                             ext_fields={**_pull_ext(group, qid, offset), **extra}), 5)
             if resp.code == ResponseCode.PULL_NOT_FOUND:
                 break
             assert resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_RETRY_IMMEDIATELY), (resp.code, resp.remark)

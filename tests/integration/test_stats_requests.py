@@ -33,7 +33,7 @@ def test_topic_stats_and_consumer_progress(cluster: Cluster) -> None:
 
     stats = rpc(broker.addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
     assert stats.code == ResponseCode.SUCCESS, stats
-    _, table = parse(stats.body)
+    _, table = parse(bytes(stats.body))
     assert set(table) == {Q0, Q1}
     q0, q1 = table[Q0], table[Q1]
     assert (q0["minOffset"], q0["maxOffset"]) == (0, 3) and t0 <= q0["lastUpdateTimestamp"] <= t1
@@ -44,7 +44,7 @@ def test_topic_stats_and_consumer_progress(cluster: Cluster) -> None:
     def progress(**ext: str) -> tuple[dict[str, Any], dict[MessageQueue, Any]]:
         resp = rpc(broker.addr, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "CG_STATS", **ext})
         assert resp.code == ResponseCode.SUCCESS, resp
-        return parse(resp.body)
+        return parse(bytes(resp.body))
 
     assert progress() == ({"consumeTps": 0.0, "offsetTable": {}}, {})  # no offsets committed yet
     assert rpc(broker.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {

@@ -31,7 +31,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiohttp.web
 import attrs
@@ -317,9 +317,9 @@ def condition(group: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
+def wait_for(fn: Callable[[], T | Literal[False] | None], timeout: float, what: str, interval: float = 0.1) -> T:
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | Literal[False] | None = None
     while True:
         try:
             last = fn()

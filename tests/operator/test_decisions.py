@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rmqbroker.ha.election import FailoverSpec
 from rmqoperator.failover import (
     REPOINT_GRACE_SECONDS,
     BrokerView,
@@ -23,7 +24,7 @@ from rmqoperator.failover import (
 )
 from rmqoperator.reconcile import GroupState, complete_assignment, statefulset_replicas
 from rmqoperator.rolling import next_restart
-from rmqoperator.spec import FailoverSpec, GroupSpec
+from rmqoperator.spec import GroupSpec
 from rmqoperator.status import Health, conditions, merge_conditions, replica_rows, summary
 
 SPEC = GroupSpec(name="g", namespace="ns", uid="u", broker_name="g", replicas=3, replication="SYNC",
@@ -43,6 +44,12 @@ def slave(ordinal: int, offset: int = 1000, follows: str | None = DNS0, connecte
     return PodView(f"g-{ordinal}", ordinal, f"10.0.0.{10 + ordinal}", ready, config_hash=hash_,
                    broker=BrokerView("SLAVE", ordinal if broker_id is None else broker_id, epoch, offset,
                                      ha_master=follows, ha_connected=connected))
+
+
+def with_broker(p: PodView, **changes: Any) -> PodView:
+    """``p`` with its broker's status changed."""
+    assert p.broker is not None
+    return dataclasses.replace(p, broker=dataclasses.replace(p.broker, **changes))
 
 
 def down(p: PodView) -> PodView:
@@ -297,8 +304,7 @@ def test_conditions_and_rows() -> None:
 
 
 def test_a_slave_holding_what_the_master_lost_degrades_the_group() -> None:
-    behind = dataclasses.replace(slave(1, 5000, connected=False), broker=dataclasses.replace(
-        slave(1, 5000).broker, ha_connected=False, ahead_of_master=3000))  # type: ignore[arg-type]
+    behind = with_broker(slave(1, 5000, connected=False), ha_connected=False, ahead_of_master=3000)
     views = pods(master(2000), behind, slave(2, 2000))
     rows = replica_rows(SPEC, STATE, views)
     assert rows[1]["aheadOfMasterBytes"] == 3000 and "aheadOfMasterBytes" not in rows[2]
@@ -416,9 +422,9 @@ def test_the_broker_that_began_the_masters_epoch_is_its_owner() -> None:
     forgot the promotion): g-1 is returned. Nothing when the master began its epoch itself, serves
     in epoch 0, or no reachable broker began it."""
     state = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=4)
-    owner = dataclasses.replace(slave(1, epoch=4), broker=dataclasses.replace(slave(1, epoch=4).broker, own_epoch=4))
+    owner = with_broker(slave(1, epoch=4), own_epoch=4)
     assert term_owner(SPEC, state, pods(master(epoch=4), owner, slave(2, epoch=4))) == ("g-1", 4)
-    own = dataclasses.replace(master(epoch=4), broker=dataclasses.replace(master(epoch=4).broker, own_epoch=4))
+    own = with_broker(master(epoch=4), own_epoch=4)
     assert term_owner(SPEC, state, pods(own, slave(1, epoch=4), slave(2, epoch=4))) is None
     assert term_owner(SPEC, state, pods(master(epoch=4), slave(1, epoch=4), slave(2, epoch=4))) is None
     assert term_owner(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=0), pods(master(epoch=0), slave(1, epoch=0))) \

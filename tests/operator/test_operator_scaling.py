@@ -124,7 +124,7 @@ def test_the_status_shows_the_port_a_broker_listens_on_while_a_port_change_rolls
     runner.kill("broker-a-2")
     time.sleep(1)
     h.client.patch_group(NAME, {"spec": {"ports": {"listen": 10931}}})
-    wait_for(lambda: status(h).get("observedGeneration") == h.client.group(NAME)["metadata"]["generation"], 10,
+    wait_for(lambda: status(h).get("observedGeneration") == (h.client.group(NAME) or {})["metadata"]["generation"], 10,
              "the port change applied")
     time.sleep(2)
     listening = fakes.brokers["broker-a-0"].status()["brokerAddr"]

@@ -118,7 +118,7 @@ def test_header_accessors_and_v2_mapping() -> None:
         Header({"queueId": "abc"}).req_int("queueId")
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+_text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)
 
 
 @given(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -28,7 +29,7 @@ async def _boom(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
 
 
 @pytest.fixture
-async def server() -> RemotingServer:
+async def server() -> AsyncIterator[RemotingServer]:
     srv = RemotingServer("127.0.0.1", 0)
     srv.register(1, _echo)
     srv.register(2, _slow)
