@@ -33,6 +33,7 @@ from rmqoperator.failover import (
     after_fencing,
     choose_candidate,
     decide_failover,
+    demoted_master,
     fence_targets,
     follows,
     handover_candidate,
@@ -387,7 +388,7 @@ class GroupController:
             views = await self._observe(spec)
             if not self.paused:
                 await self._adopt_reported_master(spec, views)
-                if await self._restore_term_owner(spec, views):
+                if await self._restore_term_owner(spec, views) or await self._resume_demoted_master(spec, views):
                     views = await self._observe(spec)
             observe(self.memory, spec, self.state.master_pod(spec), views, now)
             if self.memory.seen_healthy:
@@ -583,6 +584,29 @@ class GroupController:
                           f"on its volumes?): {pod}, which holds that term's log, is master again and {recorded} "
                           "follows it")
         await self._apply_config_map(spec, f"restoring {pod}")
+        await self._write_status(spec)
+        return True
+
+    async def _resume_demoted_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
+        """Make the recorded master master again when it serves as a slave of nobody (a hand-over
+        cut short after its demotion); see :func:`rmqoperator.failover.demoted_master`. Whether it did."""
+        assert self.state is not None
+        epoch = demoted_master(spec, self.state, views)
+        pod = self.state.master_pod(spec)
+        if epoch is None or pod is None:
+            return False
+        view = views[pod]
+        assert view.ip is not None
+        try:
+            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
+        except AdminError as exc:
+            log.warning("%s/%s: %s, the master, is a slave of nobody and could not resume: %s", self.namespace,
+                        self.name, pod, exc)
+            return False
+        self.state = dataclasses.replace(self.state, epoch=epoch)
+        await self._event("Warning", "MasterResumed",
+                          f"{pod}, the master, was a slave following no master (a hand-over cut short?): it is "
+                          f"master again at epoch {epoch}")
         await self._write_status(spec)
         return True
 

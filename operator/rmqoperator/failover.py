@@ -277,6 +277,25 @@ def _fit_for_hand_over(spec: GroupSpec, state: GroupState, name: str, p: PodView
             and state.broker_id_of(spec, name) not in (None, 0) and in_sync(spec, p, mv))
 
 
+def demoted_master(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> int | None:
+    """The epoch at which to make the recorded master master again when it serves as a slave of
+    nobody: reachable, in the group's epoch, unfenced, and no broker a master or in a later epoch.
+    A hand-over cut short between its two steps (the operator restarted after the demotion) leaves
+    this; the demoted master holds every byte of its term, which no slave can have beyond it, so
+    it resumes at once instead of a failover after masterLostSeconds that could cut its tail."""
+    master_pod = state.master_pod(spec)
+    mv = pods.get(master_pod) if master_pod else None
+    b = mv.broker if mv is not None else None
+    if mv is None or b is None or mv.deleting or not mv.ip or b.role != "SLAVE" or b.fenced or b.epoch != state.epoch:
+        return None
+    if b.ha_connected:
+        return None  # it follows a master after all: that is for the other checks to settle
+    seen = [p.broker.epoch for p in pods.values() if p.broker is not None]
+    if any(p.broker is not None and (p.broker.is_master or p.broker.epoch > state.epoch) for p in pods.values()):
+        return None
+    return election.next_epoch(state.epoch, seen)
+
+
 def handover_candidate(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> str | None:
     """The slave a planned restart of the master hands over to, or None (restart it in place).
 

@@ -14,6 +14,7 @@ from rmqoperator.failover import (
     after_fencing,
     choose_candidate,
     decide_failover,
+    demoted_master,
     fence_targets,
     handover_candidate,
     observe,
@@ -257,6 +258,18 @@ def test_a_planned_master_restart_hands_over_to_the_most_advanced_in_sync_slave(
     assert handover_candidate(SPEC, STATE, {**views, "g-0": down(master())}) is None
     # A slave outside the assignment (scaled away) is not a candidate.
     assert handover_candidate(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=3), pods(master(), slave(2))) is None
+
+
+def test_a_master_left_a_slave_of_nobody_resumes_only_when_nothing_else_serves() -> None:
+    demoted = slave(0, 5000, follows=None, connected=False, broker_id=1)
+    views = pods(demoted, slave(1, 5000, connected=False), slave(2, 4000, connected=False))
+    assert demoted_master(SPEC, STATE, views) == 4
+    for unfit in (with_broker(demoted, fenced=True), with_broker(demoted, ha_connected=True),
+                  with_broker(demoted, epoch=2), down(demoted), dataclasses.replace(demoted, deleting=True)):
+        assert demoted_master(SPEC, STATE, {**views, "g-0": unfit}) is None, unfit
+    assert demoted_master(SPEC, STATE, {**views, "g-1": master(name="g-1")}) is None  # another master serves
+    assert demoted_master(SPEC, STATE, {**views, "g-2": slave(2, epoch=5)}) is None  # a later term exists
+    assert demoted_master(SPEC, STATE, pods(master(), slave(1), slave(2))) is None  # it is master
 
 
 def test_a_requested_switchover_goes_only_to_an_in_sync_slave_of_the_group() -> None:

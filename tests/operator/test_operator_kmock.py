@@ -230,6 +230,23 @@ def test_switchover_annotation_moves_the_master_once_per_request(
     assert len(h.client.events("MasterHandedOver")) == 2 and h.client.events("SwitchoverRefused")
 
 
+def test_a_master_left_demoted_by_a_cut_short_hand_over_resumes_at_once(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The master serves as a slave of nobody (a hand-over whose operator died between demotion and
+    promotion): it is made master again at a new epoch, not failed over from after masterLostSeconds."""
+    h, (_, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 120}))
+    wait_ready(h, in_sync=3)
+    old = fakes.brokers["broker-a-0"]
+    old.role, old.broker_id = "SLAVE", 1
+    resumed = wait_for(lambda: h.client.events("MasterResumed"), 10, "MasterResumed")
+    assert "broker-a-0" in resumed[0]["message"]
+    st = wait_ready(h, in_sync=3)
+    assert st["master"] == "broker-a-0" and st["epoch"] == 1
+    assert (old.role, old.broker_id, old.epoch) == ("SYNC_MASTER", 0, 1)
+    assert not h.client.events("Promoted") and not any(c[0] == "role" for c in fakes.brokers["broker-a-1"].calls)
+
+
 def test_scheduling_change_moves_brokers_one_at_a_time(harness: OperatorHarness,
                                                        fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """spec.scheduling: pods of the group prefer distinct nodes from the start; a new node selector
