@@ -717,11 +717,12 @@ class GroupController:
             answer = await self.admin.set_role(mv.ip, port, token, "SLAVE", cand_id, self.state.epoch,
                                                drain_millis=HANDOVER_DRAIN_MILLIS)
         except AdminError as exc:
-            return await self._hand_over_failed(old, cand, f"demoting {old} failed: {exc}")
+            return await self._hand_over_failed(old, cand, f"demoting {old} failed: {exc}", bool(target))
         final = answer.get("maxPhyOffset")
         final = final if isinstance(final, int) else mv.broker.max_offset
         if not await self._holds(spec, cv, final):
-            return await self._hand_over_failed(old, cand, f"{cand} did not reach {old}'s last offset {final}")
+            return await self._hand_over_failed(old, cand, f"{cand} did not reach {old}'s last offset {final}",
+                                                bool(target))
         try:
             result = await self.admin.set_role(cv.ip, port, token, spec.master_role, 0, epoch, sync_metadata=True)
         except AdminError as exc:
@@ -732,7 +733,7 @@ class GroupController:
             except (AdminError, ValueError, TypeError):
                 now_is = None
             if now_is is None or not now_is.is_master or now_is.epoch != epoch:
-                return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}")
+                return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}", bool(target))
             result = {}
         paused = time.monotonic() - started
         self.state = self.state.promoted(spec, cv.ordinal, epoch)
@@ -767,17 +768,18 @@ class GroupController:
                 return False
             await asyncio.sleep(0.05)
 
-    async def _hand_over_failed(self, old: str, cand: str, why: str) -> bool:
+    async def _hand_over_failed(self, old: str, cand: str, why: str, requested: bool) -> bool:
         metrics.HANDOVERS.labels(self.namespace, self.name, "error").inc()
-        await self._event("Warning", "HandOverFailed", f"master {old} not handed over to {cand}: {why}; restarting "
-                                                       f"{old} in place (its configuration keeps it master)")
+        then = (f"{old} stays master (resumed if it was demoted)" if requested else
+                f"restarting {old} in place (its configuration keeps it master)")
+        await self._event("Warning", "HandOverFailed", f"master {old} not handed over to {cand}: {why}; {then}")
         return False
 
     async def _switchover(self, spec: GroupSpec, views: Mapping[str, PodView],
                           annotations: Mapping[str, Any]) -> str | None:
         """The switchover-to annotation: each new value is one request to hand the master over to
         that pod, carried out once it is in sync; its outcome goes to ``status.switchover``.
-        What changed this round: "HandedOver", "Restarted" (a failed attempt) or None."""
+        "HandedOver" when the master moved this round, else None."""
         assert self.state is not None
         request = str(annotations.get(SWITCHOVER_ANNOTATION) or "")
         done = self.switchover or {}
@@ -789,9 +791,9 @@ class GroupController:
             if await self._hand_over(spec, views, target=request):
                 self._switched(request, "Completed", f"{old} handed the master over to {request}")
                 return "HandedOver"
-            assert old is not None
+            # A demoted master resumes in the next round (_resume_demoted_master), without a restart.
             self._switched(request, "Failed", f"the hand-over to {request} failed (see the HandOverFailed event)")
-            return "Restarted" if await self._restart_unless_master(spec, old) else None
+            return None
         result = {"done": "Completed", "refuse": "Refused", "wait": "Waiting"}[verdict]
         if done.get("request") != request or done.get("message") != message:
             await self._event("Warning" if verdict == "refuse" else "Normal", f"Switchover{result}",
@@ -804,22 +806,6 @@ class GroupController:
         if any((self.switchover or {}).get(k) != v for k, v in now.items()):
             # Stamped when it changes: a request waiting for its pod writes no status every round.
             self.switchover = {**now, "time": now_iso()}
-
-    async def _restart_unless_master(self, spec: GroupSpec, pod: str) -> bool:
-        """After a failed switchover: the old master, if it was demoted, restarts in place (its
-        ConfigMap keeps it master); one still serving as master is left alone. Whether it did."""
-        try:
-            views = await self._observe(spec)
-            v = views.get(pod)
-            if v is not None and v.broker is not None and v.broker.is_master:
-                return False
-            await self.api.delete_pod(spec.namespace, pod)
-        except ApiError as exc:
-            log.warning("%s/%s: %s not restarted after a failed switchover: %s", self.namespace, self.name, pod, exc)
-            return False
-        metrics.RESTARTS.labels(self.namespace, self.name, "handover-failed").inc()
-        self.planned_restart = pod
-        return True
 
     # ------------------------------------------------------------ status and events
     async def _write_status(self, spec: GroupSpec | None) -> None:

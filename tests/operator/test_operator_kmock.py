@@ -230,6 +230,27 @@ def test_switchover_annotation_moves_the_master_once_per_request(
     assert len(h.client.events("MasterHandedOver")) == 2 and h.client.events("SwitchoverRefused")
 
 
+def test_a_failed_switchover_leaves_the_master_serving_without_a_restart(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The target never shows the drained master's last offset: not promoted; the demoted master
+    resumes in the next round, and no pod is restarted."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 120}))
+    wait_ready(h, in_sync=3)
+    runner.deleted.clear()
+    fakes.brokers["broker-a-0"].max_offset = 5000  # in sync (4000 bytes behind), never reaching it
+    h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/switchover-to": "broker-a-1"}}})
+    so = wait_for(lambda: (status(h).get("switchover") or {}).get("result") == "Failed" and status(h), 20,
+                  "switchover failed")["switchover"]
+    assert so["request"] == "broker-a-1"
+    failed = h.client.events("HandOverFailed")
+    assert len(failed) == 1 and "broker-a-0 stays master" in failed[0]["message"], failed
+    wait_for(lambda: h.client.events("MasterResumed"), 10, "the demoted master resumed")
+    st = wait_ready(h, in_sync=3)
+    assert st["master"] == "broker-a-0" and st["epoch"] == 1 and runner.deleted == []
+    assert not h.client.events("MasterHandedOver") and not h.client.events("Promoted")
+
+
 def test_a_master_left_demoted_by_a_cut_short_hand_over_resumes_at_once(
         harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """The master serves as a slave of nobody (a hand-over whose operator died between demotion and
