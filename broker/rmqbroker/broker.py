@@ -470,9 +470,15 @@ class Broker:
             return json_error(400, f"drainMillis must be an integer from 0 to {MAX_DRAIN_MILLIS}")
         if not isinstance(sync_metadata, bool):
             return json_error(400, "syncMetadata must be true or false")
+        source, not_after = body.get("metadataSource"), body.get("notAfterMillis")
+        if source is not None and (not isinstance(source, str) or not _is_host_port(source)):
+            return json_error(400, "metadataSource must be host:port")
+        if not_after is not None and not _is_int64(not_after):
+            return json_error(400, "notAfterMillis must be an integer from 0 to 2^63-1 (Unix milliseconds)")
         try:
             result = await self.replication.change_role(role, broker_id, epoch, drain=drain_ms / 1000,
-                                                        sync_metadata=sync_metadata)
+                                                        sync_metadata=sync_metadata, metadata_source=source,
+                                                        not_after_ms=not_after)
         except RoleChangeError as exc:
             return json_error(409, str(exc))
         return json_response(result)

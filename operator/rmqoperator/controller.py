@@ -37,6 +37,7 @@ from rmqoperator.failover import (
     fence_targets,
     follows,
     handover_candidate,
+    listen_port,
     observe,
     plan_alignment,
     reported_master,
@@ -70,6 +71,10 @@ STUCK_SECONDS = 15.0
 # (within the admin call's 15 s), and the chosen slave must show them this soon after.
 HANDOVER_DRAIN_MILLIS = 8000
 HANDOVER_CATCHUP_SECONDS = 5.0
+# The promotion's deadline (notAfterMillis; it may take a last metadata round of up to 5 s), and
+# how far the broker's clock may be behind the operator's when the outcome of a failed call is read.
+HANDOVER_PROMOTE_MILLIS = 10_000
+CLOCK_SKEW_SECONDS = 5.0
 
 Obj = dict[str, Any]
 
@@ -407,7 +412,15 @@ class GroupController:
                 starting = decision.reason == "MasterStarting"
                 switched = await self._switchover(spec, views, (body.get("metadata") or {}).get("annotations") or {}) \
                     if decision.action == "none" else None
-                if switched:
+                if switched == "HandOverFailed":
+                    # The master may be a demoted slave now: it resumes in this round, and the
+                    # status shows what serves rather than what was seen before the attempt.
+                    views = await self._observe(spec)
+                    if await self._resume_demoted_master(spec, views):
+                        views = await self._observe(spec)
+                    now = time.monotonic()
+                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                elif switched:
                     # One change a round: the roll looks again at the next one.
                     self.roll = RollStep(None, switched, self.roll.pending if self.roll else ())
                 else:
@@ -723,11 +736,16 @@ class GroupController:
         if not await self._holds(spec, cv, final):
             return await self._hand_over_failed(old, cand, f"{cand} did not reach {old}'s last offset {final}",
                                                 bool(target))
+        # The broker refuses the promotion once this has passed: a request it reads late (a paused
+        # process) cannot make a second master after the old one was given its role back.
+        not_after = int(time.time() * 1000) + HANDOVER_PROMOTE_MILLIS
         try:
-            result = await self.admin.set_role(cv.ip, port, token, spec.master_role, 0, epoch, sync_metadata=True)
+            result = await self.admin.set_role(cv.ip, port, token, spec.master_role, 0, epoch,
+                                               metadata_from=f"{mv.ip}:{listen_port(spec, mv)}", not_after_ms=not_after)
         except AdminError as exc:
-            # A lost answer is no failure: restarting the old master as master beside a promoted
-            # slave would make two masters until the next round.
+            # The outcome is known only once the deadline (and some clock skew) has passed: then the
+            # slave either is master of the new epoch (the answer was lost) or never will be.
+            await asyncio.sleep(max(0.0, not_after / 1000 + CLOCK_SKEW_SECONDS - time.time()))
             try:
                 now_is = BrokerView.from_status(await self.admin.status(cv.ip, port, token))
             except (AdminError, ValueError, TypeError):
@@ -779,7 +797,8 @@ class GroupController:
                           annotations: Mapping[str, Any]) -> str | None:
         """The switchover-to annotation: each new value is one request to hand the master over to
         that pod, carried out once it is in sync; its outcome goes to ``status.switchover``.
-        "HandedOver" when the master moved this round, else None."""
+        "HandedOver" when the master moved this round, "HandOverFailed" when an attempt failed
+        (the master may be demoted: the caller resumes it), else None."""
         assert self.state is not None
         request = str(annotations.get(SWITCHOVER_ANNOTATION) or "")
         done = self.switchover or {}
@@ -791,9 +810,8 @@ class GroupController:
             if await self._hand_over(spec, views, target=request):
                 self._switched(request, "Completed", f"{old} handed the master over to {request}")
                 return "HandedOver"
-            # A demoted master resumes in the next round (_resume_demoted_master), without a restart.
             self._switched(request, "Failed", f"the hand-over to {request} failed (see the HandOverFailed event)")
-            return None
+            return "HandOverFailed"
         result = {"done": "Completed", "refuse": "Refused", "wait": "Waiting"}[verdict]
         if done.get("request") != request or done.get("message") != message:
             await self._event("Warning" if verdict == "refuse" else "Normal", f"Switchover{result}",

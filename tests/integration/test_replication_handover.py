@@ -118,7 +118,8 @@ def test_drained_demotion_and_synced_promotion_hand_over_every_message_and_offse
     # The old master follows it without cutting a byte.
     code, raw = master.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(slave), "epoch": 1}).encode())
     assert code == 200, raw
-    poll(lambda: follows(master, slave), 20, what="old master follows the new one")
+    poll(lambda: follows(master, slave) and any(s["inSync"] for s in slave.status()["ha"]["slaves"]), 20,
+         what="old master follows the new one, which counts it")
     for i in range(10):
         assert send_raw(slave.addr, TOPIC, f"after-{i}".encode() * 20).code == ResponseCode.SUCCESS
     wait_caught_up(slave, [master])
@@ -151,3 +152,44 @@ def test_a_drain_that_times_out_says_so_and_fails_the_waiting_sends(cluster: Clu
         code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, **bad)
         assert code == 400 and "error" in body, (bad, body)
     assert slave.status()["role"] == "SLAVE"
+    # A promotion read after its deadline (a process paused while the request waited) is refused.
+    code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, notAfterMillis=int(time.time() * 1000) - 1)
+    assert code == 409 and "expired" in body["error"], body
+    assert slave.status()["role"] == "SLAVE" and slave.status()["epoch"] == 0
+    # ... also when the deadline passes during the promotion (its last metadata round hangs on a
+    # stopped master): checked again just before the new epoch would begin.
+    master.signal(signal.SIGSTOP)
+    try:
+        code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, syncMetadata=True,
+                          metadataSource=master.addr, notAfterMillis=int(time.time() * 1000) + 1000)
+    finally:
+        master.signal(signal.SIGCONT)
+    assert code == 409 and "expired" in body["error"], body
+    st = slave.status()
+    assert st["role"] == "SLAVE" and st["epoch"] == 0 and st["ownEpoch"] is None
+
+
+def test_a_promotion_takes_metadata_from_the_named_source_when_it_knows_no_master(cluster: Cluster) -> None:
+    """Without a nameserver the slave never learned its master's broker address: a last metadata
+    round needs the caller to name it (the operator does); without it the answer says so."""
+    master = cluster.broker(None, name="broker-m", broker_id=0, role="ASYNC_MASTER", mappedFileSizeCommitLog=SEG,
+                            **NO_PERIODIC_SYNC)
+    slave = cluster.broker(None, name="broker-m", broker_id=1, role="SLAVE", mappedFileSizeCommitLog=SEG,
+                           haMasterAddress=ha_addr(master), **NO_PERIODIC_SYNC)
+    poll(lambda: follows(slave, master), 20, what="slave connected")
+    create_topic(master.addr, TOPIC)
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_SOURCE", "topic": TOPIC, "queueId": "1", "commitOffset": "3"}).code == 0
+    code, body = role(master, role="SLAVE", brokerId=1, epoch=0, drainMillis=5000)
+    assert code == 200 and body["drained"] is True, body
+    code, body = role(slave, role="ASYNC_MASTER", brokerId=0, epoch=1, syncMetadata=True)
+    assert code == 200 and body["metadataSynced"] is False, body
+    assert "no master broker address" in body["metadataSyncError"]
+    # Back to a slave (its own epoch: a retry of its promotion is allowed), then promoted with the source.
+    code, body = role(slave, role="SLAVE", brokerId=1, epoch=1)
+    assert code == 200, body
+    code, body = role(slave, role="ASYNC_MASTER", brokerId=0, epoch=2, syncMetadata=True, metadataSource=master.addr)
+    assert code == 200 and body["metadataSynced"] is True, body
+    assert query_consumer_offset(slave.addr, "CG_SOURCE", TOPIC, 1) == 3
+    code, body = role(slave, role="SLAVE", brokerId=1, epoch=2, metadataSource="not-an-address")
+    assert code == 400, body

@@ -128,8 +128,11 @@ def test_spec_change_rolls_slaves_first_master_last(harness: OperatorHarness,
     assert not h.client.events("Promoted") and not h.client.events("MasterLost")
     c = confs(h)
     assert c["broker-1.conf"]["brokerRole"] == "SYNC_MASTER" and c["broker-0.conf"]["brokerRole"] == "SLAVE"
-    assert ("role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1, "syncMetadata": True}) in \
-        backend.brokers["broker-a-1"].calls
+    promotion = next(c[1] for c in backend.brokers["broker-a-1"].calls if c[0] == "role")
+    source = promotion.pop("metadataSource")  # the old master's address then (its pod has an IP anew since)
+    assert promotion.pop("notAfterMillis") > time.time() * 1000 - 60_000
+    assert promotion == {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1, "syncMetadata": True}
+    assert source.endswith(":10911") and not source.startswith(f"{runner.ip_of('broker-a-1')}:")
 
     # A manual roll: a new restart-at annotation value; replicas only (no restart) for a replicas change.
     runner.deleted.clear()
@@ -233,16 +236,19 @@ def test_switchover_annotation_moves_the_master_once_per_request(
 def test_a_failed_switchover_leaves_the_master_serving_without_a_restart(
         harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
     """The target never shows the drained master's last offset: not promoted; the demoted master
-    resumes in the next round, and no pod is restarted."""
+    resumes in the same round (the status never shows it serving while it refuses sends), and no
+    pod is restarted."""
     h, (runner, fakes) = harness, fake_pods
     h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 120}))
     wait_ready(h, in_sync=3)
     runner.deleted.clear()
     fakes.brokers["broker-a-0"].max_offset = 5000  # in sync (4000 bytes behind), never reaching it
     h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/switchover-to": "broker-a-1"}}})
-    so = wait_for(lambda: (status(h).get("switchover") or {}).get("result") == "Failed" and status(h), 20,
-                  "switchover failed")["switchover"]
-    assert so["request"] == "broker-a-1"
+    st = wait_for(lambda: (status(h).get("switchover") or {}).get("result") == "Failed" and status(h), 20,
+                  "switchover failed")
+    assert st["switchover"]["request"] == "broker-a-1"
+    # The first status that tells of the failure already shows the master resumed.
+    assert st["epoch"] == 1 and st["master"] == "broker-a-0" and h.client.events("MasterResumed")
     failed = h.client.events("HandOverFailed")
     assert len(failed) == 1 and "broker-a-0 stays master" in failed[0]["message"], failed
     wait_for(lambda: h.client.events("MasterResumed"), 10, "the demoted master resumed")

@@ -36,6 +36,11 @@ class RoleChangeError(ValueError):
     """A role or master change that must be refused (stale epoch, bad arguments)."""
 
 
+def _check_deadline(not_after_ms: int | None) -> None:
+    if not_after_ms is not None and time.time() * 1000 > not_after_ms:
+        raise RoleChangeError(f"role change request expired (notAfterMillis {not_after_ms} has passed)")
+
+
 class ReplicationController:
     """HA master listener (always on), slave-side HA client and metadata sync (slaves only)."""
 
@@ -146,7 +151,8 @@ class ReplicationController:
                     "maxPhyOffset": self.store.max_phy_offset()}
 
     async def change_role(self, role: str, broker_id: int, epoch: int, *, drain: float = 0.0,
-                          sync_metadata: bool = False) -> dict[str, Any]:
+                          sync_metadata: bool = False, metadata_source: str | None = None,
+                          not_after_ms: int | None = None) -> dict[str, Any]:
         """POST /role: promote to a master or demote to a slave at ``epoch``.
 
         A planned hand-over (the operator moving the master before restarting it) asks a master's
@@ -154,7 +160,10 @@ class ReplicationController:
         has acknowledged the last byte (or ``drain`` seconds pass), and SYNC sends waiting for a
         slave are answered as the acks come. It asks the slave's promotion to ``sync_metadata``
         first: one last metadata round from its master (still reachable, now a slave), so that
-        offsets committed since the last periodic round are not lost.
+        offsets committed since the last periodic round are not lost; ``metadata_source`` names
+        that master's broker address when the caller knows it better than this slave does.
+        ``not_after_ms`` (Unix ms): refused once past, checked again just before a promotion takes
+        effect; a request read late (a paused process) cannot make a master its caller gave up on.
         """
         if role not in ROLES:
             raise RoleChangeError(f"role must be one of {', '.join(ROLES)}")
@@ -165,13 +174,14 @@ class ReplicationController:
                 self.epochs.check_not_older(epoch)
             except EpochError as exc:
                 raise RoleChangeError(str(exc)) from exc
+            _check_deadline(not_after_ms)
             old = self.ctx.role
             started = time.monotonic()
             extra: dict[str, Any] = {}
             if role == "SLAVE":
                 extra = await self._demote(broker_id, epoch, drain)
             else:
-                extra = await self._promote(role, epoch, sync_metadata)
+                extra = await self._promote(role, epoch, sync_metadata, metadata_source, not_after_ms)
             self.ctx.broker_id = broker_id
             self._on_role_change(role)
             log.warning("role %s -> %s (brokerId %d, epoch %d) in %.0f ms", old, role, broker_id, epoch,
@@ -179,7 +189,8 @@ class ReplicationController:
             return {"role": role, "brokerId": broker_id, "epoch": self.epochs.epoch,
                     "maxPhyOffset": self.store.max_phy_offset(), **extra}
 
-    async def _promote(self, role: str, epoch: int, sync_metadata: bool = False) -> dict[str, Any]:
+    async def _promote(self, role: str, epoch: int, sync_metadata: bool = False,
+                       metadata_source: str | None = None, not_after_ms: int | None = None) -> dict[str, Any]:
         if self.ctx.role != "SLAVE":
             # Master to master (SYNC <-> ASYNC) keeps the epoch history; only the mode changes.
             if epoch > self.epochs.epoch:
@@ -197,7 +208,7 @@ class ReplicationController:
         steps.append(("metadata sync stopped", time.monotonic()))
         extra: dict[str, Any] = {}
         if sync_metadata:
-            extra = await self._final_metadata_sync()
+            extra = await self._final_metadata_sync(metadata_source)
             steps.append(("metadata synced", time.monotonic()))
         # Every replicated record gets its consume-queue unit before this broker serves as master;
         # a tail that ends inside a record is cut: the new epoch starts at the last whole one.
@@ -206,6 +217,11 @@ class ReplicationController:
         if end < self.store.max_phy_offset():
             self._truncate(end)
         steps.append(("log dispatched", time.monotonic()))
+        try:
+            _check_deadline(not_after_ms)
+        except RoleChangeError:
+            self._apply_role()  # a slave again: its HA client and metadata sync restart
+            raise
         try:
             await asyncio.to_thread(self.epochs.begin_epoch, epoch, end)
         except EpochError as exc:
@@ -222,16 +238,16 @@ class ReplicationController:
         self._apply_role()
         return extra
 
-    async def _final_metadata_sync(self) -> dict[str, Any]:
+    async def _final_metadata_sync(self, source: str | None) -> dict[str, Any]:
         """One metadata round from the master being handed over from; its failure is reported, not
         fatal (the promotion goes on with what the periodic rounds brought)."""
-        master = self.metadata_sync.master_addr
+        master = source or self.metadata_sync.master_addr
         if not master or master == self.settings.broker_addr:
             log.warning("no last metadata sync before the promotion: no master broker address known")
             return {"metadataSynced": False, "metadataSyncError": "no master broker address known"}
         try:
             async with asyncio.timeout(FINAL_SYNC_SECONDS):
-                await self.metadata_sync.sync_all()
+                await self.metadata_sync.sync_all(master)
         except (MetadataSyncError, TimeoutError) as exc:
             error = str(exc) or type(exc).__name__
             log.warning("last metadata sync before the promotion failed: %s", error)

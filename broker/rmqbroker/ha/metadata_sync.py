@@ -96,8 +96,9 @@ class SlaveMetadataSync:
                 log.warning("slave metadata sync failed (retrying in %.0fs): %s", self.interval, exc)
             delay = self.interval
 
-    async def sync_all(self) -> None:
-        master = self.master_addr
+    async def sync_all(self, master: str | None = None) -> None:
+        """One round against ``master`` (default: the master this slave follows)."""
+        master = master or self.master_addr
         if not master or master == self.own_addr:
             return
         try:
