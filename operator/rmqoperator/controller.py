@@ -382,6 +382,14 @@ class GroupController:
         views = await asyncio.gather(*(status_of(by_name[n]) for n in names))
         return {n: pod_view(by_name[n], v) for n, v in zip(names, views, strict=True)}
 
+    async def _reobserve(self, spec: GroupSpec) -> tuple[dict[str, PodView], float]:
+        """Look at the brokers again after a role change in this round, and remember what is seen."""
+        assert self.state is not None
+        views = await self._observe(spec)
+        now = time.monotonic()
+        observe(self.memory, spec, self.state.master_pod(spec), views, now)
+        return views, now
+
     async def tick(self, body: Mapping[str, Any]) -> None:
         """One polling round: observe, fail over if needed, align roles, roll, write status."""
         async with self.lock:
@@ -402,9 +410,7 @@ class GroupController:
             await self._announce_failover(spec, decision)
             if not self.paused:
                 if decision.action == "promote" and await self._promote(spec, decision, views, now):
-                    views = await self._observe(spec)
-                    now = time.monotonic()
-                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                    views, now = await self._reobserve(spec)
                     decision = FailoverDecision("none", "FailoverCompleted")
                 await self._align(spec, views, now)
                 self._settle_demotions(spec, views)
@@ -415,11 +421,9 @@ class GroupController:
                 if switched == "HandOverFailed":
                     # The master may be a demoted slave now: it resumes in this round, and the
                     # status shows what serves rather than what was seen before the attempt.
-                    views = await self._observe(spec)
+                    views, now = await self._reobserve(spec)
                     if await self._resume_demoted_master(spec, views):
-                        views = await self._observe(spec)
-                    now = time.monotonic()
-                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                        views, now = await self._reobserve(spec)
                 elif switched:
                     # One change a round: the roll looks again at the next one.
                     self.roll = RollStep(None, switched, self.roll.pending if self.roll else ())
@@ -428,9 +432,7 @@ class GroupController:
                         if decision.action == "none" or starting else None
                 if self.roll is not None and self.roll.reason == "HandedOver":
                     # The others follow the new master now (a SYNC master takes no send without one).
-                    views = await self._observe(spec)
-                    now = time.monotonic()
-                    observe(self.memory, spec, self.state.master_pod(spec), views, now)
+                    views, now = await self._reobserve(spec)
                     await self._align(spec, views, now)
                 if now - self._secrets_checked >= (SECRET_RECHECK_SECONDS if self.secret_note else
                                                     VOLUME_CHECK_SECONDS):
