@@ -124,7 +124,8 @@ class StreamProducer:
     """
 
     def __init__(self, namesrv: str, topic: str, prefix: str, out: Path, *, count: int = 1_000_000,
-                 size: int = 256, seconds: float = 60.0, settle_ms: int = 0) -> None:
+                 size: int = 256, seconds: float = 60.0, settle_ms: int = 0,
+                 pause_ms: int = 0) -> None:
         """``settle_ms``: see ``stream_producer.py --settle-ms``. It avoids the C++ client's first-send
         race, but the client then sends its first heartbeat to the broker only 30 s after start
         (its early heartbeats found no broker yet), so the broker does not list the producer."""
@@ -133,7 +134,7 @@ class StreamProducer:
             self.proc = subprocess.Popen(
                 [PY, str(CLIENTS / "stream_producer.py"), "--namesrv", namesrv, "--topic", topic,
                  "--count", str(count), "--prefix", prefix, "--size", str(size), "--seconds", str(seconds),
-                 "--settle-ms", str(settle_ms)],
+                 "--settle-ms", str(settle_ms), "--pause-ms", str(pause_ms)],
                 stdout=fh, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     @property
@@ -199,7 +200,7 @@ def produce(namesrv: str, messages: list[dict[str, Any]], mode: str = "sync", gr
     out = _run_script("producer.py", ["--namesrv", namesrv, "--group", group, "--mode", mode,
                                       "--messages", json.dumps(messages), *_credentials(credentials),
                                       *(["--keep-going"] if keep_going else []),
-                                      "--settle-ms", str(settle_ms)], timeout)
+                                      "--settle-ms", str(settle_ms), "--pause-ms", str(pause_ms)], timeout)
     results: list[dict[str, Any] | None] = out["results"]
     return results
 

@@ -165,8 +165,9 @@ def test_admin_cli_lists_consumer_and_producer_connections(cluster: Cluster,
     master = cluster.broker(ns.addr, name="broker-k")
     create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
     n = ("-n", ns.addr)
+    # Alive (and so listed) until killed below, however slowly the consumer comes up.
     producer = StreamProducer(ns.addr, TOPIC, "conn", cluster.workdir / "conn-producer.jsonl", count=100_000,
-                              size=64, seconds=20)
+                              size=64, seconds=300, pause_ms=20)
     try:
         with PushConsumer(ns.addr, "CG_CONN", TOPIC, expression="TagA || TagB", log_dir=cluster.workdir) as consumer:
             consumer.wait_started()

@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--settle-ms", type=int, default=0,
                         help="wait this long after start (see producer.py --settle-ms: a first send racing the "
                              "client's own connection to the broker fails on its transport lock)")
+    parser.add_argument("--pause-ms", type=int, default=0, help="sleep this long between sends")
     args = parser.parse_args()
     producer = Producer(args.group, timeout=args.timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
@@ -51,6 +52,8 @@ def main() -> None:
             line = {"i": i, "key": key, "error": str(exc)[:200]}
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
+        if args.pause_ms:
+            time.sleep(args.pause_ms / 1000)
     producer.shutdown()
 
 
