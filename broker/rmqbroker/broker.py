@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 ACL_RELOAD_SECONDS = 2.0
 # A demotion's drain (POST /role drainMillis) waits at most this long for its slaves.
 MAX_DRAIN_MILLIS = 60_000
+# ...and names at most this many of them (drainFor) as the ones it waits for.
+MAX_DRAIN_FOR = 16
 # Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
 ADMIN_TOKEN_FILE = "adminToken"
 
@@ -470,6 +472,12 @@ class Broker:
             return json_error(400, f"drainMillis must be an integer from 0 to {MAX_DRAIN_MILLIS}")
         if not isinstance(sync_metadata, bool):
             return json_error(400, "syncMetadata must be true or false")
+        drain_for = body.get("drainFor", [])
+        if not isinstance(drain_for, list) or len(drain_for) > MAX_DRAIN_FOR or \
+                not all(isinstance(a, str) and _is_host_port(a) for a in drain_for):
+            return json_error(400, f"drainFor must be a list of at most {MAX_DRAIN_FOR} slave addresses (host:port)")
+        if drain_for and not drain_ms:
+            return json_error(400, "drainFor needs drainMillis")
         source, not_after = body.get("metadataSource"), body.get("notAfterMillis")
         if source is not None and (not isinstance(source, str) or not _is_host_port(source)):
             return json_error(400, "metadataSource must be host:port")
@@ -477,6 +485,7 @@ class Broker:
             return json_error(400, "notAfterMillis must be an integer from 0 to 2^63-1 (Unix milliseconds)")
         try:
             result = await self.replication.change_role(role, broker_id, epoch, drain=drain_ms / 1000,
+                                                        drain_for=frozenset(drain_for),
                                                         sync_metadata=sync_metadata, metadata_source=source,
                                                         not_after_ms=not_after)
         except RoleChangeError as exc:

@@ -81,15 +81,18 @@ class BrokerAdmin:
         return await self._call("POST", f"http://{host}:{port}/ha/fence", token, {"epoch": epoch}, CONTROL_TIMEOUT)
 
     async def set_role(self, host: str, port: int, token: str, role: str, broker_id: int,
-                       epoch: int, *, drain_millis: int = 0, metadata_from: str | None = None,
-                       not_after_ms: int | None = None) -> dict[str, Any]:
+                       epoch: int, *, drain_millis: int = 0, drain_for: str | None = None,
+                       metadata_from: str | None = None, not_after_ms: int | None = None) -> dict[str, Any]:
         """``drain_millis``: a master's demotion waits that long for its slaves to take its last
-        bytes; ``metadata_from``: a slave's promotion first takes the metadata of the master at that
-        broker address (a hand-over); ``not_after_ms``: the broker refuses the change once that
-        Unix time (ms) has passed."""
+        bytes (only for the slave connected from ``drain_for``, when given); ``metadata_from``: a
+        slave's promotion first takes the metadata of the master at that broker address (a
+        hand-over); ``not_after_ms``: the broker refuses the change once that Unix time (ms) has
+        passed."""
         body: dict[str, Any] = {"role": role, "brokerId": broker_id, "epoch": epoch}
         if drain_millis:
             body["drainMillis"] = drain_millis
+            if drain_for:
+                body["drainFor"] = [drain_for]
         if metadata_from:
             body["syncMetadata"] = True
             body["metadataSource"] = metadata_from

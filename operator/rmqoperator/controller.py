@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -727,10 +728,15 @@ class GroupController:
         assert mv.ip is not None and cv.ip is not None and mv.broker is not None
         token, port = self.token or "", spec.ports.admin
         epoch = election.next_epoch(self.state.epoch, [p.broker.epoch for p in views.values() if p.broker is not None])
+        # The drain waits for the candidate's connection only: another slave stalled cannot keep
+        # sends paused. Read now, since a reconnect since the round's look changes it.
+        drain_for = cv.broker.ha_local_address if cv.broker else None
+        with contextlib.suppress(AdminError, ValueError, TypeError):
+            drain_for = BrokerView.from_status(await self.admin.status(cv.ip, port, token)).ha_local_address
         started = time.monotonic()
         try:
             answer = await self.admin.set_role(mv.ip, port, token, "SLAVE", cand_id, self.state.epoch,
-                                               drain_millis=HANDOVER_DRAIN_MILLIS)
+                                               drain_millis=HANDOVER_DRAIN_MILLIS, drain_for=drain_for)
         except AdminError as exc:
             return await self._hand_over_failed(old, cand, f"demoting {old} failed: {exc}", bool(target))
         final = answer.get("maxPhyOffset")

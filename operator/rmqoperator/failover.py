@@ -41,6 +41,9 @@ class BrokerView:
     max_offset: int
     ha_master: str | None = None
     ha_connected: bool = False
+    # A slave's end of its HA connection (the address its master lists it under); None: not
+    # connected, or an image that does not say.
+    ha_local_address: str | None = None
     connected_slaves: int = 0
     broker_addr: str = ""
     # Bytes of the master's current epoch this slave holds beyond the master's end: the master
@@ -65,6 +68,7 @@ class BrokerView:
         return BrokerView(role=str(obj.get("role", "")), broker_id=int(obj.get("brokerId", -1)),
                           epoch=int(obj.get("epoch") or 0), max_offset=int(obj.get("maxPhyOffset") or 0),
                           ha_master=ha.get("masterAddress"), ha_connected=bool(ha.get("connected")),
+                          ha_local_address=_str_or_none(ha.get("localAddress")),
                           connected_slaves=len(ha.get("slaves") or []), broker_addr=str(obj.get("brokerAddr", "")),
                           ahead_of_master=int(ha.get("aheadOfMasterBytes") or 0),
                           disk_used_ratio=float(retention.get("diskUsedRatio", -1.0)),
@@ -139,6 +143,10 @@ class FailoverDecision:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def master_healthy(view: PodView | None) -> bool:

@@ -200,7 +200,7 @@ def produce(namesrv: str, messages: list[dict[str, Any]], mode: str = "sync", gr
     out = _run_script("producer.py", ["--namesrv", namesrv, "--group", group, "--mode", mode,
                                       "--messages", json.dumps(messages), *_credentials(credentials),
                                       *(["--keep-going"] if keep_going else []),
-                                      "--settle-ms", str(settle_ms), "--pause-ms", str(pause_ms)], timeout)
+                                      "--settle-ms", str(settle_ms)], timeout)
     results: list[dict[str, Any] | None] = out["results"]
     return results
 

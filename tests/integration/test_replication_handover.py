@@ -148,7 +148,9 @@ def test_a_drain_that_times_out_says_so_and_fails_the_waiting_sends(cluster: Clu
     assert len(codes) == 3 and ResponseCode.SUCCESS not in codes
 
     # Bad arguments are refused before anything changes.
-    for bad in ({"drainMillis": -1}, {"drainMillis": "1000"}, {"drainMillis": 60001}, {"syncMetadata": "yes"}):
+    for bad in ({"drainMillis": -1}, {"drainMillis": "1000"}, {"drainMillis": 60001}, {"syncMetadata": "yes"},
+                {"drainFor": ["127.0.0.1:1"]}, {"drainMillis": 10, "drainFor": "127.0.0.1:1"},
+                {"drainMillis": 10, "drainFor": ["nowhere"]}, {"drainMillis": 10, "drainFor": ["h:1"] * 17}):
         code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, **bad)
         assert code == 400 and "error" in body, (bad, body)
     assert slave.status()["role"] == "SLAVE"
@@ -193,3 +195,48 @@ def test_a_promotion_takes_metadata_from_the_named_source_when_it_knows_no_maste
     assert query_consumer_offset(slave.addr, "CG_SOURCE", TOPIC, 1) == 3
     code, body = role(slave, role="SLAVE", brokerId=1, epoch=2, metadataSource="not-an-address")
     assert code == 400, body
+
+
+def test_a_drain_for_the_successor_does_not_wait_for_a_stalled_other_slave(cluster: Cluster) -> None:
+    """A hand-over names the slave taking over (its ``ha.localAddress``): another slave, stopped,
+    neither holds the sends paused until the drain times out nor keeps the successor from taking
+    every byte; it catches up from the new master later."""
+    master, slave = pair(cluster, syncFlushTimeout=5000)
+    other = cluster.broker(master.conf["namesrvAddr"], name="broker-h", broker_id=2, role="SLAVE",
+                           mappedFileSizeCommitLog=SEG, haMasterAddress=ha_addr(master), **NO_PERIODIC_SYNC)
+    poll(lambda: follows(other, master), 20, what="second slave connected")
+    create_topic(master.addr, TOPIC)
+    for i in range(5):
+        assert send_raw(master.addr, TOPIC, f"before-{i}".encode() * 20).code == ResponseCode.SUCCESS
+    wait_caught_up(master, [slave, other])
+    other.signal(signal.SIGSTOP)
+    try:
+        for i in range(10):  # acknowledged by the running slave alone
+            assert send_raw(master.addr, TOPIC, f"stalled-{i}".encode() * 20).code == ResponseCode.SUCCESS
+        end = master.status()["maxPhyOffset"]
+        successor = slave.status()["ha"]["localAddress"]
+        listed = {s["address"] for s in master.status()["ha"]["slaves"]}
+        assert successor in listed and len(listed) == 2, (successor, listed)
+        started = time.monotonic()
+        code, body = role(master, role="SLAVE", brokerId=1, epoch=0, drainMillis=8000, drainFor=[successor])
+        took = time.monotonic() - started
+        assert code == 200 and body["drained"] is True and body["maxPhyOffset"] == end, body
+        assert took < 4, f"the drain waited {took:.1f}s for the stopped slave"
+        acked = {s["address"]: s["ackedOffset"] for s in body["slaves"]}
+        assert acked[successor] == end and min(acked.values()) < end, acked
+        assert slave.status()["maxPhyOffset"] == end
+        code, body = role(slave, role="SYNC_MASTER", brokerId=0, epoch=1, syncMetadata=True)
+        assert code == 200, body
+    finally:
+        other.signal(signal.SIGCONT)
+    # The stopped slave and the old master follow the new master and end up with the same log.
+    for follower in (master, other):
+        code, raw = follower.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(slave), "epoch": 1}).encode())
+        assert code == 200, raw
+    poll(lambda: follows(master, slave) and follows(other, slave)
+         and any(s["inSync"] for s in slave.status()["ha"]["slaves"]), 20,
+         what="both follow the new master, which counts one in sync")
+    assert send_raw(slave.addr, TOPIC, b"after" * 20).code == ResponseCode.SUCCESS
+    wait_caught_up(slave, [master, other])
+    assert master.status()["ha"]["truncatedBytes"] == 0 and other.status()["ha"]["truncatedBytes"] == 0
+    assert_commitlogs_identical(slave, [master, other])

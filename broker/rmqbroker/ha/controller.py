@@ -151,17 +151,19 @@ class ReplicationController:
                     "maxPhyOffset": self.store.max_phy_offset()}
 
     async def change_role(self, role: str, broker_id: int, epoch: int, *, drain: float = 0.0,
-                          sync_metadata: bool = False, metadata_source: str | None = None,
-                          not_after_ms: int | None = None) -> dict[str, Any]:
+                          drain_for: frozenset[str] = frozenset(), sync_metadata: bool = False,
+                          metadata_source: str | None = None, not_after_ms: int | None = None) -> dict[str, Any]:
         """POST /role: promote to a master or demote to a slave at ``epoch``.
 
         A planned hand-over (the operator moving the master before restarting it) asks a master's
         demotion to ``drain``: sends are refused at once, but its slaves keep streaming until each
         has acknowledged the last byte (or ``drain`` seconds pass), and SYNC sends waiting for a
-        slave are answered as the acks come. It asks the slave's promotion to ``sync_metadata``
-        first: one last metadata round from its master (still reachable, now a slave), so that
-        offsets committed since the last periodic round are not lost; ``metadata_source`` names
-        that master's broker address when the caller knows it better than this slave does.
+        slave are answered as the acks come; ``drain_for`` names the slave connections it waits
+        for (the slave taking over), so that another slave stalled cannot hold the sends paused.
+        It asks the slave's promotion to ``sync_metadata`` first: one last metadata round from its
+        master (still reachable, now a slave), so that offsets committed since the last periodic
+        round are not lost; ``metadata_source`` names that master's broker address when the
+        caller knows it better than this slave does.
         ``not_after_ms`` (Unix ms): refused once past, checked again just before a promotion takes
         effect; a request read late (a paused process) cannot make a master its caller gave up on.
         """
@@ -179,7 +181,7 @@ class ReplicationController:
             started = time.monotonic()
             extra: dict[str, Any] = {}
             if role == "SLAVE":
-                extra = await self._demote(broker_id, epoch, drain)
+                extra = await self._demote(broker_id, epoch, drain, drain_for)
             else:
                 extra = await self._promote(role, epoch, sync_metadata, metadata_source, not_after_ms)
             self.ctx.broker_id = broker_id
@@ -254,7 +256,8 @@ class ReplicationController:
             return {"metadataSynced": False, "metadataSyncError": error}
         return {"metadataSynced": True}
 
-    async def _demote(self, broker_id: int, epoch: int, drain: float = 0.0) -> dict[str, Any]:
+    async def _demote(self, broker_id: int, epoch: int, drain: float = 0.0,
+                      drain_for: frozenset[str] = frozenset()) -> dict[str, Any]:
         await asyncio.to_thread(self.epochs.set_epoch, epoch)
         was_master = not self.ctx.is_slave
         self.ctx.role = "SLAVE"
@@ -264,7 +267,7 @@ class ReplicationController:
             # nobody while its own slaves still stream from it.
             self.store.set_role("SLAVE")
             started = time.monotonic()
-            drained = await self.ha.drain(drain)
+            drained = await self.ha.drain(drain, drain_for)
             extra = {"drained": drained, "drainMillis": round((time.monotonic() - started) * 1000),
                      "slaves": self.ha.slaves_status()}
             log.warning("demotion drained %s slave(s) to offset %d in %d ms%s", len(extra["slaves"]),
@@ -342,6 +345,8 @@ class ReplicationController:
             "ha": {
                 "masterAddress": self.ha_client.master_addr if self.ctx.is_slave else None,
                 "connected": self.ha_client.connected if self.ctx.is_slave else False,
+                # This slave's end of its HA connection, as the master lists it in ha.slaves[].
+                "localAddress": self.ha_client.local_address if self.ctx.is_slave else None,
                 "listenPort": self.ha.port,
                 "slaves": self.ha.slaves_status(),
                 "replicationLagMs": self.ha.replication_lag_ms(),

@@ -480,15 +480,21 @@ class HAService:
         for conn in conns:
             conn.close(drop_pending=True)
 
-    async def drain(self, timeout: float) -> bool:
+    async def drain(self, timeout: float, only: frozenset[str] = frozenset()) -> bool:
         """Until every streaming slave has acknowledged this log's end, or ``timeout`` seconds
-        pass; whether they all did. The caller stopped the appends (a demotion hands over)."""
+        pass; whether they all did. The caller stopped the appends (a demotion hands over).
+
+        ``only``: the connections (slave addresses as ``ha.slaves[].address`` shows them) that
+        must acknowledge; the others may lag, and the drain waits until one of these streams.
+        """
         end = self.store.max_phy_offset()
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     streaming = [c for c in self.connections if c.request_offset >= 0 and not c.closed]
-                    if all(c.acked_offset >= end for c in streaming):
+                    if only:
+                        streaming = [c for c in streaming if c.address in only]
+                    if (streaming or not only) and all(c.acked_offset >= end for c in streaming):
                         return True
                     self.schedule_push()
                     await asyncio.sleep(DRAIN_POLL_SECONDS)

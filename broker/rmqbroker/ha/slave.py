@@ -473,6 +473,7 @@ class HAClient:
         # Bytes of the master's own term this log holds beyond the master's end (0: none).
         self.ahead_bytes = 0
         self.connected = False
+        self.local_address: str | None = None
         self.bytes_received = 0
         self.mismatches = 0
         self.connects = 0  # connections established to a master, reconnects included
@@ -525,6 +526,7 @@ class HAClient:
                     await task
         self._task = self._reput_task = None
         self.connected = False
+        self.local_address = None
 
     def committed(self, end: int) -> None:
         """The receiver wrote bytes up to ``end``: visible in the store from now on."""
@@ -607,6 +609,7 @@ class HAClient:
                 log.exception("HA connection to %s failed", addr)
             finally:
                 self.connected = False
+                self.local_address = None
             if self._changed.is_set():
                 continue
             await self._wait_change(backoff)
@@ -634,6 +637,8 @@ class HAClient:
             raise
         self.connected = True
         self.connects += 1
+        here = sock.getsockname()
+        self.local_address = f"{here[0]}:{here[1]}" if isinstance(here, tuple) else str(here)
         receiver = _Receiver(self, sock, loop, self.heartbeat_interval, self.housekeeping_interval)
         self._receiver = receiver
         # One connection without the query after a master took it for an offset; the one after
