@@ -33,6 +33,7 @@ from rmqbroker.processors.context import BrokerContext
 from rmqbroker.processors.offsets import OffsetProcessor
 from rmqbroker.processors.pull import PullMessageProcessor
 from rmqbroker.processors.query import QueryMessageProcessor
+from rmqbroker.processors.relay import WriteRelay
 from rmqbroker.processors.reply import ReplyMessageProcessor
 from rmqbroker.processors.send import SendMessageProcessor
 from rmqbroker.processors.transaction import TransactionService
@@ -160,6 +161,9 @@ class Broker:
         self.supervisor = Supervisor()
         self.epochs = EpochStore(config_dir)
         self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed)
+        if settings.relaySendsToMaster:
+            self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,
+                                        lambda: self.replication.demoted_at, settings.broker_addr)
         self._schedule_task: asyncio.Task[None] | None = None
         self.registered = False
         self.master_addr: str | None = None
@@ -261,6 +265,10 @@ class Broker:
             "reply_messages_not_pushed": ("Request-reply replies no requester took (not connected, refused, "
                                           "no answer)", self.reply.not_pushed),
             **self.replication.metric_counters(),
+            "relayed_writes": ("Client writes this broker relayed to its master while a slave (stale routes)",
+                               relay.relayed if (relay := self.ctx.relay) else 0),
+            "relayed_writes_failed": ("Client writes this broker could not relay to its master",
+                                      relay.failed if (relay := self.ctx.relay) else 0),
         }
 
     def status(self) -> dict[str, Any]:
@@ -278,6 +286,8 @@ class Broker:
             "minPhyOffset": self.store.min_phy_offset(),
             "flushedPhyOffset": self.store.flushed_phy_offset(),
             "retention": self.cleaner.status(),
+            "relay": {"enabled": (relay := self.ctx.relay) is not None, "target": self.replication.relay_target(),
+                      "relayed": relay.relayed if relay else 0, "failed": relay.failed if relay else 0},
             "topics": len(self.topics),
             "dataVersions": {
                 "topics": self.topics.data_version.to_json_obj(),

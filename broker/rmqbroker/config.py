@@ -118,6 +118,9 @@ class BrokerSettings:
     # Project key: while no SYNC_MASTER send waits, the master pushes a slave's next bytes once it
     # has acknowledged the previous push (fewer, larger pushes; see ha/master.py).
     haPushAfterAck: bool = field(default=True, metadata=_key("haPushAfterAck"))
+    # Project key: a slave forwards clients' writes (stale routes after a hand-over or failover)
+    # to the master it streams from instead of refusing them (processors/relay.py).
+    relaySendsToMaster: bool = field(default=True, metadata=_key("relaySendsToMaster"))
     slaveSyncInitialDelay: int = field(default=3000, metadata=_key("slaveSyncInitialDelay"))
     slaveSyncInterval: int = field(default=10000, metadata=_key("slaveSyncInterval"))
     checkCRCOnRecover: bool = field(default=True, metadata=_key("checkCRCOnRecover"))

@@ -76,6 +76,10 @@ HANDOVER_CATCHUP_SECONDS = 5.0
 # how far the broker's clock may be behind the operator's when the outcome of a failed call is read.
 HANDOVER_PROMOTE_MILLIS = 10_000
 CLOCK_SKEW_SECONDS = 5.0
+# A handed-over master is restarted by the roll only this long after (RMQ_OPERATOR_HANDOVER_SETTLE_SECONDS):
+# clients read routes every 30 s (RocketMQ's pollNameServerInterval) and meanwhile send to it, and it
+# relays their sends to the new master (relaySendsToMaster); restarted at once, it would refuse them.
+HANDOVER_SETTLE_SECONDS = 35.0
 
 Obj = dict[str, Any]
 
@@ -106,12 +110,13 @@ class GroupController:
     """State and actions of one BrokerGroup."""
 
     def __init__(self, api: KubeApi, admin: BrokerAdmin, namespace: str, name: str,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, handover_settle: float = HANDOVER_SETTLE_SECONDS) -> None:
         self.api = api
         self.admin = admin
         self.namespace = namespace
         self.name = name
         self.poll_interval = poll_interval
+        self.handover_settle = handover_settle
         self.lock = asyncio.Lock()
         self.state: GroupState | None = None
         self.spec: GroupSpec | None = None  # last applied (valid) spec
@@ -135,6 +140,8 @@ class GroupController:
         self._announced: set[str] = set()  # one-shot events (keys) not to repeat every tick
         self.planned_restart: str | None = None  # master pod deleted by a rolling restart
         self.last_handover: Obj | None = None
+        # (old master, monotonic time) of the last hand-over this process made.
+        self.handed_over: tuple[str, float] | None = None
         self.switchover: Obj | None = None  # the last switchover-to request and its outcome
         self.verifier = Verifier(api, namespace, name, self._event)
 
@@ -691,8 +698,11 @@ class GroupController:
                     new_group: bool = False) -> RollStep:
         assert self.state is not None
         stuck = frozenset(n for n, since in self.memory.unreachable_since.items() if now - since >= STUCK_SECONDS)
+        settling = frozenset({self.handed_over[0]}) if self.handed_over is not None and \
+            time.monotonic() - self.handed_over[1] < self.handover_settle else frozenset()
         step = next_restart(views, builders.config_hash(spec), self.state.master_pod(spec),
-                            len(self.state.assignment), self.memory.in_sync, stuck=stuck, new_group=new_group)
+                            len(self.state.assignment), self.memory.in_sync, stuck=stuck, new_group=new_group,
+                            settling=settling)
         if step.pod is not None:
             if step.pod == self.state.master_pod(spec):
                 if step.reason == "Restarting" and await self._hand_over(spec, views):
@@ -762,6 +772,7 @@ class GroupController:
                 return await self._hand_over_failed(old, cand, f"promoting {cand} failed: {exc}", bool(target))
             result = {}
         paused = time.monotonic() - started
+        self.handed_over = (old, time.monotonic())
         self.state = self.state.promoted(spec, cv.ordinal, epoch)
         self.last_handover = {"time": now_iso(), "from": old, "to": cand, "epoch": epoch, "trigger": trigger,
                               "sendsPausedSeconds": round(paused, 3)}
@@ -905,10 +916,11 @@ class GroupController:
 class Runtime:
     """Process-wide operator state kept in kopf's memo: API clients and the group controllers."""
 
-    def __init__(self, poll_interval: float = 1.0) -> None:
+    def __init__(self, poll_interval: float = 1.0, handover_settle: float = HANDOVER_SETTLE_SECONDS) -> None:
         self.api: KubeApi | None = None
         self.admin = BrokerAdmin()
         self.poll_interval = poll_interval
+        self.handover_settle = handover_settle
         self.controllers: dict[tuple[str, str], GroupController] = {}
 
     def set_credentials(self, info: Any) -> None:
@@ -923,7 +935,7 @@ class Runtime:
         if ctl is None:
             if self.api is None:
                 raise TemporaryFailure("not logged in to the API server yet")
-            ctl = GroupController(self.api, self.admin, namespace, name, self.poll_interval)
+            ctl = GroupController(self.api, self.admin, namespace, name, self.poll_interval, self.handover_settle)
             self.controllers[key] = ctl
         return ctl
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import kopf
 
-from rmqoperator.controller import Runtime, TemporaryFailure
+from rmqoperator.controller import HANDOVER_SETTLE_SECONDS, Runtime, TemporaryFailure
 from rmqoperator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 def runtime(memo: Any) -> Runtime:
     rt = getattr(memo, "rmq", None)
     if rt is None:
-        rt = Runtime(poll_interval=float(os.environ.get("RMQ_OPERATOR_POLL_SECONDS", "1.0")))
+        rt = Runtime(poll_interval=float(os.environ.get("RMQ_OPERATOR_POLL_SECONDS", "1.0")),
+                     handover_settle=float(os.environ.get("RMQ_OPERATOR_HANDOVER_SETTLE_SECONDS",
+                                                          str(HANDOVER_SETTLE_SECONDS))))
         memo.rmq = rt
     assert isinstance(rt, Runtime)
     return rt

@@ -5,6 +5,8 @@
 
 Environment: ``RMQ_OPERATOR_DEFAULT_IMAGE`` (broker image for groups without ``spec.image``),
 ``RMQ_OPERATOR_POLL_SECONDS`` (broker status polling period, default 1),
+``RMQ_OPERATOR_HANDOVER_SETTLE_SECONDS`` (how long a roll leaves a handed-over master relaying
+clients' sends before restarting it, default 35),
 ``RMQ_OPERATOR_METRICS_PORT`` / ``RMQ_OPERATOR_LIVENESS_PORT`` (defaults of the flags),
 ``RMQ_LOG_LEVEL``. Credentials: the pod's service account, else ``$KUBECONFIG``/``~/.kube/config``.
 

@@ -38,9 +38,11 @@ def restart_order(outdated: list[PodView], master_pod: str | None) -> list[PodVi
 
 
 def next_restart(pods: Mapping[str, PodView], desired_hash: str, master_pod: str | None, expected_pods: int,
-                 in_sync: frozenset[str], *, stuck: frozenset[str] = frozenset(), new_group: bool = False) -> RollStep:
+                 in_sync: frozenset[str], *, stuck: frozenset[str] = frozenset(), new_group: bool = False,
+                 settling: frozenset[str] = frozenset()) -> RollStep:
     """The next outdated pod to delete. ``stuck``: pods unreachable for a while (not a probe's blip);
-    ``new_group``: the group has never served (no data)."""
+    ``new_group``: the group has never served (no data); ``settling``: a master handed over
+    moments ago, which clients with old routes still send to (it relays their sends)."""
     outdated = [p for p in pods.values() if p.config_hash != desired_hash]
     order = restart_order(outdated, master_pod)
     pending = tuple(p.name for p in order)
@@ -61,4 +63,6 @@ def next_restart(pods: Mapping[str, PodView], desired_hash: str, master_pod: str
     lagging = sorted(n for n in pods if n != master_pod and n not in in_sync)
     if lagging:
         return RollStep(None, "WaitingForCatchUp", pending)
+    if order[0].name in settling:
+        return RollStep(None, "WaitingForClientRoutes", pending)
     return RollStep(order[0].name, "Restarting", pending)

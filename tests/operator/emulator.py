@@ -364,6 +364,8 @@ class OperatorHarness:
     def __init__(self, workdir: Path, poll_seconds: float = 0.5) -> None:
         self.workdir = workdir
         self.poll_seconds = poll_seconds
+        # Rolls in these tests do not wait for clients' route refresh unless a test asks to.
+        self.handover_settle = 0.0
         self.emu_thread = LoopThread("k8s-emulator")
         self.emu = Emulator()
         self.emu.resources.load_bundled()
@@ -405,9 +407,11 @@ class OperatorHarness:
         import rmqoperator.handlers  # noqa: F401 - registers the handlers
 
         # kopf's kubeconfig login reads $KUBECONFIG when it logs in; restored in stop_operator().
-        self._saved_env = {k: os.environ.get(k) for k in ("KUBECONFIG", "RMQ_OPERATOR_POLL_SECONDS")}
+        self._saved_env = {k: os.environ.get(k) for k in ("KUBECONFIG", "RMQ_OPERATOR_POLL_SECONDS",
+                                                          "RMQ_OPERATOR_HANDOVER_SETTLE_SECONDS")}
         os.environ["KUBECONFIG"] = str(self.kubeconfig())
         os.environ["RMQ_OPERATOR_POLL_SECONDS"] = str(self.poll_seconds)
+        os.environ["RMQ_OPERATOR_HANDOVER_SETTLE_SECONDS"] = str(self.handover_settle)
         self._stop.clear()
         self._ready.clear()
 

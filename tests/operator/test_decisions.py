@@ -231,6 +231,10 @@ def test_rolling_order_slaves_highest_first_master_last_one_at_a_time() -> None:
     assert next_restart(views, "new", "g-0", 3, in_sync).pod == "g-1"
     views["g-1"] = slave(1, hash_="new")
     assert next_restart(views, "new", "g-0", 3, in_sync).pod == "g-0"
+    # Handed over moments ago, the old master relays clients' sends until their routes are re-read.
+    every = frozenset({"g-0", "g-1", "g-2"})
+    assert next_restart(views, "new", "g-1", 3, every, settling=frozenset({"g-0"})).reason == "WaitingForClientRoutes"
+    assert next_restart(views, "new", "g-1", 3, every, settling=frozenset({"g-2"})).pod == "g-0"
     views["g-0"] = master(hash_="new")
     assert next_restart(views, "new", "g-0", 3, in_sync).reason == "UpToDate"
     del views["g-1"]

@@ -58,6 +58,10 @@ def test_rolling_restart_and_switchover_hand_the_master_over_without_losing_a_se
     """Under ASYNC the drain is what keeps acknowledged sends: they were answered before any
     slave had them."""
     h, (runner, _) = harness, real_pods
+    # The roll leaves the old master relaying clients' sends this long before restarting it.
+    h.stop_operator()
+    h.handover_settle = 3.0
+    h.start_operator()
     # masterLostSeconds far above a pod restart here: a failover would mean the hand-over failed.
     group_of_three(h, 60, replication=replication)
     lookup = MasterLookup(h)
@@ -76,6 +80,10 @@ def test_rolling_restart_and_switchover_hand_the_master_over_without_losing_a_se
         return (len(runner.deleted) == 3 and len(hashes) == 1 and master in ("broker-a-1", "broker-a-2")
                 and converged(h, master) is not None)
 
+    wait_for(lambda: h.client.events("MasterHandedOver"), 60, "the master handed over", interval=0.05)
+    handed_at = time.monotonic()
+    wait_for(lambda: "broker-a-0" in runner.deleted, 60, "the old master restarted", interval=0.05)
+    assert time.monotonic() - handed_at >= 2.5, "the old master was restarted before clients could re-read routes"
     wait_for(rolled, 120, "every broker restarted, the master handed over to a slave", interval=0.3)
     # The most advanced in-sync slave was chosen: either, by how far each got since its restart.
     new_master = group_status(h)["master"]

@@ -73,6 +73,15 @@ class ReplicationController:
         # An explicitly configured or injected master is not overridden by the nameserver.
         self.pinned_master = bool(settings.haMasterAddress)
         self._lock = asyncio.Lock()
+        # When (monotonic) this broker last stopped being a master (a slave relaying writes waits
+        # for its new master shortly after; processors/relay.py).
+        self.demoted_at: float | None = None
+
+    def relay_target(self) -> str | None:
+        """The broker address of the master this slave streams from now, or None."""
+        if not self.ctx.is_slave or not self.ha_client.connected:
+            return None
+        return self.metadata_sync.master_addr
 
     def _truncate(self, offset: int) -> None:
         """Cut this log at ``offset``; slaves streaming from it are dropped first, so that none
@@ -260,6 +269,8 @@ class ReplicationController:
                       drain_for: frozenset[str] = frozenset()) -> dict[str, Any]:
         await asyncio.to_thread(self.epochs.set_epoch, epoch)
         was_master = not self.ctx.is_slave
+        if was_master:
+            self.demoted_at = time.monotonic()
         self.ctx.role = "SLAVE"
         extra: dict[str, Any] = {}
         if was_master and drain > 0:

@@ -11,6 +11,7 @@ from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
 from rmqbroker.metadata.topics import TopicConfigManager
 from rmqbroker.processors.clients import ClientManager
+from rmqbroker.processors.relay import WriteRelay
 from rmqbroker.stats import BrokerStats
 from rmqbroker.store.message_store import MessageStore
 
@@ -34,6 +35,8 @@ class BrokerContext:
     # Runtime role: starts from broker.conf, changed by promotion/demotion (POST /role).
     role: str = ""
     broker_id: int = -1
+    # A slave forwards clients' writes to its master (relaySendsToMaster); None: refused here.
+    relay: WriteRelay | None = None
 
     def __post_init__(self) -> None:
         if not self.role:

@@ -296,12 +296,17 @@ class SendMessageProcessor:
         self._check_properties(topic, props_raw, props, None)
         return self._topic_config(topic, queue_id, default_topic, default_nums, remote)
 
-    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer]:
+    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer | None]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
 
         Returning the response directly (no coroutine, no task) is what keeps the common
-        ASYNC_FLUSH / ASYNC_MASTER send cheap.
+        ASYNC_FLUSH / ASYNC_MASTER send cheap. A slave relays it to its master (processors/relay.py).
         """
+        ctx = self.ctx
+        if ctx.role == "SLAVE" and ctx.relay is not None:
+            relayed = ctx.relay.forward(cmd)
+            if relayed is not None:
+                return relayed
         # Decode the whole header before acting on any of it (as Java's decodeCommandCustomHeader does):
         # a missing or malformed field must not leave side effects such as an auto-created topic.
         (topic, queue_id, sys_flag, default_topic, default_queue_nums, born_ts, flag, reconsume_times,
@@ -483,8 +488,12 @@ class SendMessageProcessor:
         return resp
 
     # -- CONSUMER_SEND_MSG_BACK --
-    async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         ctx = self.ctx
+        if ctx.role == "SLAVE" and ctx.relay is not None:
+            relayed = ctx.relay.forward(cmd)
+            if relayed is not None:
+                return await relayed
         h = Header(cmd.ext_fields)
         group = h.req_str(wire.GROUP)
         offset = h.req_int(wire.OFFSET)

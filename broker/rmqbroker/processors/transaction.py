@@ -137,6 +137,10 @@ class TransactionService:
     # -- END_TRANSACTION ----------------------------------------------------------------------
     async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         """Commit or roll back a half message (mostly oneway: the answer then goes nowhere)."""
+        if self.ctx.role == "SLAVE" and self.ctx.relay is not None:
+            relayed = self.ctx.relay.forward(cmd)
+            if relayed is not None:
+                return await relayed
         h = Header(cmd.ext_fields)
         group = h.req_str(wire.PRODUCER_GROUP)
         table_offset = h.req_int(wire.TRAN_STATE_TABLE_OFFSET)

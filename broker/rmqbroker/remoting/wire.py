@@ -148,6 +148,9 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
+# --- project: a write a slave relays to its master carries the slave's address (not signed) ---
+RELAYED_BY = "rmqRelayedBy"
+
 # --- transactions (EndTransactionRequestHeader, CheckTransactionStateRequestHeader) ---
 TRAN_STATE_TABLE_OFFSET = "tranStateTableOffset"
 COMMIT_LOG_OFFSET = "commitLogOffset"

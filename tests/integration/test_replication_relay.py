@@ -1,0 +1,113 @@
+"""A slave relays clients' writes to its master (relaySendsToMaster): a stock C++ producer whose
+route still names the old master goes on sending through a hand-over without a failed send; a
+relayed request is never relayed again, and a signed one still verifies at the master."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rmqbroker.acl import sign
+from rmqbroker.remoting import wire
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    StreamProducer,
+    create_topic_and_wait,
+    poll,
+    pull_all,
+    rpc,
+    wait_caught_up,
+)
+from tests.integration.test_replication_extra import follows, ha_addr
+from tests.integration.test_replication_handover import role
+from tests.support.procs import BrokerProc, metric_value
+
+TOPIC = "RelayTopic"
+
+
+def hand_over(master: BrokerProc, slave: BrokerProc, mode: str) -> None:
+    """What the operator's hand-over does: drain to the slave, promote it, re-point the old master."""
+    code, body = role(master, role="SLAVE", brokerId=1, epoch=0, drainMillis=5000,
+                      drainFor=[slave.status()["ha"]["localAddress"]])
+    assert code == 200 and body["drained"] is True, body
+    code, body = role(slave, role=mode, brokerId=0, epoch=1, syncMetadata=True, metadataSource=master.addr)
+    assert code == 200, body
+    code, raw = master.admin("/ha/master", "POST", json.dumps(
+        {"haAddress": ha_addr(slave), "brokerAddress": slave.addr, "epoch": 1}).encode())
+    assert code == 200, raw
+
+
+def test_a_stock_producer_with_a_stale_route_sends_through_a_hand_over_without_a_failure(
+        cluster: Cluster) -> None:
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-r", role="SYNC_MASTER")
+    slave = cluster.broker(ns.addr, name="broker-r", broker_id=1, role="SLAVE",
+                           haMasterAddress=ha_addr(master))
+    poll(lambda: follows(slave, master), 20, what="slave connected")
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    producer = StreamProducer(ns.addr, TOPIC, "relay", cluster.workdir / "relay.jsonl", count=100_000, size=64,
+                              seconds=120, pause_ms=10)
+    try:
+        # The C++ client reads routes 3 s after its start and then every 30 s: the hand-over and
+        # the sends after it fall between two reads, so the client goes on sending to the old master.
+        poll(lambda: producer.sent() >= 30, 20, what="30 sends to the master")
+        sent_before = producer.sent()
+        hand_over(master, slave, "SYNC_MASTER")
+        poll(lambda: producer.sent() >= sent_before + 200, 20, what="200 more sends after the hand-over")
+    finally:
+        producer.proc.kill()
+        producer.proc.wait(10)
+    results = [json.loads(line) for line in producer.out.read_text().splitlines() if line.startswith("{")]
+    failed = [r for r in results if r.get("status") != 0]
+    assert not failed, f"{len(failed)} of {len(results)} sends failed: {failed[:3]}"
+    relay = master.status()["relay"]
+    assert relay["relayed"] >= 100 and relay["failed"] == 0 and relay["target"] == slave.addr, relay
+    # Every acknowledged send is on the new master (and followed back to the old one).
+    acked = {r["key"] for r in results}
+    wait_caught_up(slave, [master])
+    consumed = {m["keys"] for m in pull_all(ns.addr, TOPIC, group="CG_RELAY")}
+    missing = acked - consumed
+    assert not missing, f"{len(missing)} acknowledged sends not consumed: {sorted(missing)[:5]}"
+
+
+def test_a_relayed_write_is_not_relayed_again_and_a_signed_one_verifies_at_the_master(
+        cluster: Cluster, tmp_path: Path) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: producer1\n    secretKey: producer-secret\n"
+                   "    defaultTopicPerm: PUB\n  - accessKey: rocketmq-admin\n    secretKey: admin-secret-1\n"
+                   "    admin: true\n")
+    conf: dict[str, Any] = {"aclEnable": "true", "aclFile": str(acl)}
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-s", **conf)
+    slave = cluster.broker(ns.addr, name="broker-s", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(master),
+                           aclAccessKey="rocketmq-admin", aclSecretKey="admin-secret-1", **conf)
+    poll(lambda: follows(slave, master) and slave.status()["relay"]["target"] == master.addr, 20,
+         what="slave follows, relay target known")
+
+    def send(broker: BrokerProc, key: str, *, secret: str = "producer-secret", **extra: str) -> int:
+        ext = {"producerGroup": "PG_RELAY", "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+               "queueId": "0", "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+               "properties": f"WAIT\x01true\x02KEYS\x01{key}\x02"}
+        sign(ext, b"body", "producer1", secret)
+        ext.update(extra)  # after signing: the relay marker is not signed
+        return int(rpc(broker.addr, RequestCode.SEND_MESSAGE, ext, b"body").code)
+
+    before = master.status()["maxPhyOffset"]
+    assert send(slave, "via-slave") == ResponseCode.SUCCESS
+    assert master.status()["maxPhyOffset"] > before, "the slave did not relay the send to the master"
+    # A wrong signature is refused by the slave's own ACL check, before any relay.
+    assert send(slave, "bad-secret", secret="wrong-secret") == ResponseCode.SYSTEM_ERROR
+    # A request another broker relayed is refused, not relayed on (no loops).
+    assert send(slave, "relayed-twice", **{wire.RELAYED_BY: "127.0.0.1:1"}) == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert slave.status()["relay"]["relayed"] == 1
+    assert metric_value(slave.metrics(), "rmq_relayed_writes_total", cluster="DefaultCluster", broker="broker-s",
+                        broker_id="1") == 1
+    # Without a master to follow, a slave refuses at once (it was not demoted: no wait).
+    master.stop()
+    poll(lambda: slave.status()["relay"]["target"] is None, 30, what="the slave lost its master")
+    started = time.monotonic()
+    assert send(slave, "nowhere") == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert time.monotonic() - started < 1.5
