@@ -91,9 +91,10 @@ def test_sync_master_gives_up_on_a_slave_beyond_fallbehind_max(cluster: Cluster)
 
 
 def test_slave_rejects_sends_and_keeps_its_store(cluster: Cluster) -> None:
-    """A send to a SLAVE is refused with SERVICE_NOT_AVAILABLE (14) and a remark, as RocketMQ does;
-    nothing is written to its log and no topic is auto-created there."""
-    master, slave = pair(cluster)
+    """With relaySendsToMaster off, a send to a SLAVE is refused with SERVICE_NOT_AVAILABLE (14) and
+    a remark, as RocketMQ does; nothing is written to its log and no topic is auto-created there.
+    With it on, a slave that knows no master broker address (no nameserver here) refuses the same way."""
+    master, slave = pair(cluster, relaySendsToMaster="false")
     create_topic(master.addr, "RuleSlave")
     for i in range(5):
         assert send_raw(master.addr, "RuleSlave", f"m{i}".encode()).code == ResponseCode.SUCCESS

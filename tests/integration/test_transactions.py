@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+from rmqbroker.remoting import wire
 from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
@@ -175,12 +176,16 @@ def test_commit_rollback_and_a_check_back(cluster: Cluster) -> None:
     assert (checked.topic, checked.body, checked.properties["UNIQ_KEY"]) == (TOPIC, b"checked back", "TX-C")
     assert check.ext_fields["transactionId"] == "TX-C" and int(check.ext_fields["commitLogOffset"]) > 0
 
-    # The slave holds the same outcome and refuses to end a transaction.
+    # The slave holds the same outcome; it relays a transaction's end to its master (a producer
+    # with a stale route after a hand-over), and refuses one another broker relayed to it.
     wait_caught_up(master, [slave])
     resp = rpc(slave.addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": "0"})
     assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "2"
-    resp = rpc(slave.addr, RequestCode.END_TRANSACTION, {"producerGroup": GROUP, "tranStateTableOffset": "0",
-                                                         "commitLogOffset": "0", "commitOrRollback": "8"})
+    end = {"producerGroup": GROUP, "tranStateTableOffset": "0", "commitLogOffset": str(1 << 40),
+           "commitOrRollback": "8"}
+    resp = rpc(slave.addr, RequestCode.END_TRANSACTION, end)
+    assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
+    resp = rpc(slave.addr, RequestCode.END_TRANSACTION, {**end, wire.RELAYED_BY: "127.0.0.1:1"})
     assert resp.code == ResponseCode.SLAVE_NOT_AVAILABLE
     # Every half is settled: the next check round moves its progress past them all.
     def progress() -> str | None:
