@@ -19,6 +19,7 @@ from tests.integration.helpers import (
     poll,
     pull_all,
     rpc,
+    send_raw,
     wait_caught_up,
 )
 from tests.integration.test_replication_extra import follows, ha_addr
@@ -111,3 +112,24 @@ def test_a_relayed_write_is_not_relayed_again_and_a_signed_one_verifies_at_the_m
     started = time.monotonic()
     assert send(slave, "nowhere") == ResponseCode.SERVICE_NOT_AVAILABLE
     assert time.monotonic() - started < 1.5
+
+
+def test_a_consumer_sending_back_to_a_slave_reaches_the_master(cluster: Cluster) -> None:
+    """CONSUMER_SEND_MSG_BACK names a commitlog offset, the same on the master: relayed, the
+    message goes to the group's DLQ on the master (delayLevel -1)."""
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-b")
+    slave = cluster.broker(ns.addr, name="broker-b", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(master))
+    poll(lambda: slave.status()["relay"]["target"] == master.addr, 20, what="slave follows, relay target known")
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=1)
+    resp = send_raw(master.addr, TOPIC, b"to be sent back")
+    assert resp.code == ResponseCode.SUCCESS
+    wait_caught_up(master, [slave])
+    phy = int(resp.ext_fields["msgId"][-16:], 16)  # the offset message id's last 8 bytes
+    back = rpc(slave.addr, RequestCode.CONSUMER_SEND_MSG_BACK,
+               {"group": "CG_BACK", "offset": str(phy), "delayLevel": "-1", "originMsgId": resp.ext_fields["msgId"],
+                "originTopic": TOPIC})
+    assert back.code == ResponseCode.SUCCESS, back
+    dlq = rpc(master.addr, RequestCode.GET_MAX_OFFSET, {"topic": "%DLQ%CG_BACK", "queueId": "0"})
+    assert dlq.code == ResponseCode.SUCCESS and dlq.ext_fields["offset"] == "1", dlq
+    assert slave.status()["relay"]["relayed"] == 1
