@@ -435,8 +435,12 @@ class Broker:
             if self._schedule_task is not None:
                 self._schedule_task.cancel()
                 self._schedule_task = None
-        elif self._schedule_task is None or self._schedule_task.done():
-            self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
+        else:
+            # Synchronously, right after the store took the role: no send is served before the
+            # progress copied from the old master is checked against this log.
+            self.schedule.correct_offsets()
+            if self._schedule_task is None or self._schedule_task.done():
+                self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
         self.request_register()
 
     # -- admin routes for replication control --

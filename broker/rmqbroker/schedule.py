@@ -31,6 +31,24 @@ class ScheduleMessageService:
         self.levels_ms = levels_ms
         self.delivered = 0
 
+    def correct_offsets(self) -> None:
+        """Take each level's offset back to its queue's end where it is beyond it.
+
+        A promoted slave's offsets are its master's, copied by the metadata sync; when its log had
+        not caught up, a level's offset is beyond that level's queue, and the delayed messages sent
+        to the new master (stored from the queue's end on) would never be delivered. RocketMQ's
+        correctDelayOffset does the same when the schedule service starts. Called when the broker
+        becomes a master (at start too: recovery may have cut a level's queue), before it serves a
+        send in that role.
+        """
+        for level in range(1, len(self.levels_ms) + 1):
+            offset = self.offsets.get(level, 0)
+            end = self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1)
+            if offset > end:
+                log.warning("delay level %d offset %d is beyond its queue's end %d; delivering from there", level,
+                            offset, end)
+                self.offsets.set(level, end)
+
     async def run(self) -> None:
         while True:
             try:

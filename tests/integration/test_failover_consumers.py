@@ -1,0 +1,89 @@
+"""What consumers of a broker group keep when its master is lost and a slave promoted: delayed
+messages and transaction checks carry on from the progress the slave's metadata sync copied, even
+when that progress is ahead of the slave's own log. Real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.store.record import MessageRecord, iter_records
+from tests.conftest import Cluster
+from tests.integration.helpers import create_topic, poll, rpc, send_raw
+from tests.integration.test_replication import SEG
+from tests.support.procs import BrokerProc, free_port
+
+DELAY_LEVELS = "1s 2s 3s 6s"
+
+
+def queue_records(addr: str, topic: str, queue_id: int = 0) -> list[MessageRecord]:
+    """Every message of ``topic``/``queue_id`` from offset 0, read with raw pulls."""
+    out: list[MessageRecord] = []
+    offset = 0
+    while True:
+        resp = rpc(addr, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "CG_PROBE", "topic": topic, "queueId": str(queue_id), "queueOffset": str(offset),
+            "maxMsgNums": "32", "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0",
+            "subscription": "*", "subVersion": "0"})
+        if resp.code != ResponseCode.SUCCESS:
+            return out
+        batch = list(iter_records(bytes(resp.body)))
+        out += batch
+        offset = int(resp.ext_fields["nextBeginOffset"])
+
+
+def bodies(addr: str, topic: str) -> list[str]:
+    return [r.body.decode() for r in queue_records(addr, topic)]
+
+
+def delay_offsets(broker: BrokerProc) -> dict[int, int]:
+    table = json.loads(broker.admin("/metadata")[1])["delayOffsets"]
+    return {int(k): int(v) for k, v in (table.get("offsetTable") or {}).items()}
+
+
+def post(broker: BrokerProc, path: str, **body: Any) -> dict[str, Any]:
+    code, raw = broker.admin(path, "POST", json.dumps(body).encode())
+    assert code == 200, raw
+    answer: dict[str, Any] = json.loads(raw)
+    return answer
+
+
+def send_delayed(addr: str, topic: str, body: str, level: int) -> None:
+    props = f"WAIT\x01true\x02KEYS\x01{body}\x02DELAY\x01{level}\x02"
+    assert send_raw(addr, topic, body.encode(), properties=props).code == ResponseCode.SUCCESS
+
+
+def lagging_pair(cluster: Cluster, **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+    """A master and a slave that syncs its metadata but streams none of its log: its HA client
+    points at a port nobody listens on, as a slave that fell behind (ASYNC) would lag."""
+    ns = cluster.namesrv().addr
+    common: dict[str, Any] = {"messageDelayLevel": DELAY_LEVELS, "flushDelayOffsetInterval": 300,
+                              "slaveSyncInitialDelay": 300, "slaveSyncInterval": 500,
+                              "mappedFileSizeCommitLog": SEG, "maxMessageSize": 1024 * 1024, **conf}
+    master = cluster.broker(ns, name="broker-f", broker_id=0, **common)
+    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{free_port()}", **common)
+    poll(lambda: slave.status()["metadataSync"]["masterAddress"] == master.addr, 20, what="master address known")
+    return master, slave
+
+
+def test_a_promoted_slave_behind_its_synced_delay_offsets_delivers_new_delayed_messages(cluster: Cluster) -> None:
+    master, slave = lagging_pair(cluster)
+    topic = "DelayBehind"
+    create_topic(master.addr, topic, queues=1)
+    for i in range(3):
+        send_delayed(master.addr, topic, f"old-{i}", 1)
+    poll(lambda: len(bodies(master.addr, topic)) == 3, 10, what="level-1 messages delivered by the master")
+    poll(lambda: delay_offsets(slave).get(1) == 3, 10, what="the slave has the master's delay offsets")
+    assert slave.status()["maxPhyOffset"] == 0  # ...but none of its log
+    # The master is lost for good; the slave is promoted with what it has (allowDataLoss).
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    # Acknowledged delayed sends to the new master: their level queue starts again at offset 0.
+    for i in range(3):
+        send_delayed(slave.addr, topic, f"new-{i}", 1)
+    # Level 1 is 1 s: every new message is due within a few seconds.
+    poll(lambda: len(bodies(slave.addr, topic)) >= 3, 10, what="the new delayed messages delivered")
+    assert sorted(bodies(slave.addr, topic)) == [f"new-{i}" for i in range(3)]
