@@ -439,6 +439,7 @@ class Broker:
             # Synchronously, right after the store took the role: no send is served before the
             # progress copied from the old master is checked against this log.
             self.schedule.correct_offsets()
+            self.transactions.correct_progress()
             if self._schedule_task is None or self._schedule_task.done():
                 self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
         self.request_register()

@@ -4,14 +4,19 @@ when that progress is ahead of the slave's own log. Real processes on loopback."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+from rmqbroker.processors.transaction import CHECK_GROUP, HALF_TOPIC
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
-from rmqbroker.store.record import MessageRecord, iter_records
+from rmqbroker.store.record import MessageRecord, decode_record, iter_records
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic, poll, rpc, send_raw
+from tests.integration.helpers import create_topic, poll, query_consumer_offset, rpc, send_raw
 from tests.integration.test_replication import SEG
+from tests.integration.test_transactions import COMMIT, TxProducer
+from tests.integration.test_transactions import TOPIC as TX_TOPIC
+from tests.integration.test_transactions import delivered as tx_delivered
 from tests.support.procs import BrokerProc, free_port
 
 DELAY_LEVELS = "1s 2s 3s 6s"
@@ -87,3 +92,42 @@ def test_a_promoted_slave_behind_its_synced_delay_offsets_delivers_new_delayed_m
     # Level 1 is 1 s: every new message is due within a few seconds.
     poll(lambda: len(bodies(slave.addr, topic)) >= 3, 10, what="the new delayed messages delivered")
     assert sorted(bodies(slave.addr, topic)) == [f"new-{i}" for i in range(3)]
+
+
+def test_a_promoted_slave_behind_its_synced_check_progress_checks_new_halves(cluster: Cluster) -> None:
+    master, slave = lagging_pair(cluster, transactionCheckInterval=300, transactionTimeOut=800)
+    create_topic(master.addr, TX_TOPIC, queues=1)
+
+    async def settle_on_master() -> None:
+        p = TxProducer(master.addr, answer=None)
+        await p.heartbeat()
+        for i in range(3):
+            assert (await p.end(*await p.half(f"old-{i}".encode(), f"TX-OLD-{i}"), COMMIT)).code == 0
+        await p.client.close()
+
+    asyncio.run(settle_on_master())
+    # The master's check walked past the three halves; the slave copied that progress, not the log.
+    poll(lambda: query_consumer_offset(slave.addr, CHECK_GROUP, HALF_TOPIC, 0) == 3, 10,
+         what="the check's progress synced to the slave")
+    assert slave.status()["maxPhyOffset"] == 0
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+
+    async def half_left_open_on_new_master() -> TxProducer:
+        # The producer prepared the half and crashed before its commit; a new instance of its
+        # group answers the check with COMMIT.
+        p = TxProducer(slave.addr, answer=COMMIT)
+        await p.heartbeat()
+        await p.half(b"new", "TX-NEW")
+        for _ in range(100):
+            if p.checks:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # the answer's END_TRANSACTION
+        await p.client.close()
+        return p
+
+    p = asyncio.run(half_left_open_on_new_master())
+    assert [decode_record(bytes(c.body)).body for c in p.checks] == [b"new"]
+    assert [r.body for r in tx_delivered(slave.addr)] == [b"new"]

@@ -283,6 +283,24 @@ class TransactionService:
         oldest unit retention left."""
         return max(self.ctx.offsets.query(CHECK_GROUP, topic, 0), self.ctx.store.get_min_offset_in_queue(topic, 0))
 
+    def correct_progress(self) -> None:
+        """Take the check's progress on the half and op queues back to the queue's end where it is
+        beyond it.
+
+        A promoted slave's progress is its master's, copied by the metadata sync with the consumer
+        offsets; when its log had not caught up, the progress is beyond its half queue, and the
+        halves sent to the new master (stored from the queue's end on) would never be checked: a
+        half whose producer never ends it would stay undelivered, never given up. Called when the
+        broker becomes a master (at start too), before it serves a send in that role.
+        """
+        for topic in (HALF_TOPIC, OP_TOPIC):
+            progress = self.ctx.offsets.query(CHECK_GROUP, topic, 0)
+            end = self.ctx.store.get_max_offset_in_queue(topic, 0)
+            if progress > end:
+                log.warning("transaction check progress %d on %s is beyond its queue's end %d; checking from there",
+                            progress, topic, end)
+                self.ctx.offsets.commit(CHECK_GROUP, topic, 0, end)
+
     # -- the check ----------------------------------------------------------------------------
     async def check_round(self, now_ms: int | None = None) -> int:
         """One walk over the open halves (on the loop: reads are page-cache reads); checks sent.
