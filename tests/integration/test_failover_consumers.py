@@ -1,6 +1,7 @@
-"""What consumers of a broker group keep when its master is lost and a slave promoted: delayed
-messages and transaction checks carry on from the progress the slave's metadata sync copied, even
-when that progress is ahead of the slave's own log. Real processes on loopback."""
+"""What consumers of a broker group keep when its master is lost and a slave promoted, or the
+master handed over: delayed messages are delivered once by the new master, halves are ended or
+checked there, and delay and check progress carry on from what the slave's metadata sync copied,
+even when that progress is ahead of the slave's own log. Real processes on loopback."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from rmqbroker.processors.transaction import CHECK_GROUP, HALF_TOPIC
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.store.record import MessageRecord, decode_record, iter_records
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic, poll, query_consumer_offset, rpc, send_raw
+from tests.integration.helpers import create_topic, poll, query_consumer_offset, rpc, send_raw, wait_caught_up
 from tests.integration.test_replication import SEG
-from tests.integration.test_transactions import COMMIT, TxProducer
+from tests.integration.test_replication_extra import ha_addr
+from tests.integration.test_transactions import COMMIT, ROLLBACK, UNKNOWN, TxProducer
 from tests.integration.test_transactions import TOPIC as TX_TOPIC
 from tests.integration.test_transactions import delivered as tx_delivered
 from tests.support.procs import BrokerProc, free_port
@@ -57,6 +59,63 @@ def post(broker: BrokerProc, path: str, **body: Any) -> dict[str, Any]:
 def send_delayed(addr: str, topic: str, body: str, level: int) -> None:
     props = f"WAIT\x01true\x02KEYS\x01{body}\x02DELAY\x01{level}\x02"
     assert send_raw(addr, topic, body.encode(), properties=props).code == ResponseCode.SUCCESS
+
+
+def pair(cluster: Cluster, role: str = "ASYNC_MASTER", **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+    ns = cluster.namesrv().addr
+    common: dict[str, Any] = {"messageDelayLevel": DELAY_LEVELS, "flushDelayOffsetInterval": 300,
+                              "slaveSyncInitialDelay": 300, "slaveSyncInterval": 500,
+                              "mappedFileSizeCommitLog": SEG, "maxMessageSize": 1024 * 1024, **conf}
+    master = cluster.broker(ns, name="broker-f", broker_id=0, role=role, **common)
+    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(master),
+                           **common)
+    return master, slave
+
+
+def test_delayed_messages_due_after_a_failover_are_delivered_once_by_the_promoted_slave(cluster: Cluster) -> None:
+    master, slave = pair(cluster)
+    topic = "DelayFailover"
+    create_topic(master.addr, topic, queues=1)
+    for i in range(3):
+        send_delayed(master.addr, topic, f"early-{i}", 1)
+    poll(lambda: len(bodies(master.addr, topic)) == 3, 10, what="level-1 messages delivered by the master")
+    for i in range(3):
+        send_delayed(master.addr, topic, f"late-{i}", 4)
+    wait_caught_up(master, [slave])
+    poll(lambda: delay_offsets(slave).get(1) == 3, 10, what="the slave has the master's delay offsets")
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    poll(lambda: len(bodies(slave.addr, topic)) >= 6, 15, what="the late messages delivered by the new master")
+    # A moment more: anything delivered twice would show now.
+    poll(lambda: delay_offsets(slave).get(4) == 3, 5, what="level 4 done")
+    assert sorted(bodies(slave.addr, topic)) == sorted([f"early-{i}" for i in range(3)] +
+                                                       [f"late-{i}" for i in range(3)])
+
+
+NO_PERIODIC_SYNC: dict[str, Any] = {"slaveSyncInitialDelay": 600000, "slaveSyncInterval": 600000}
+
+
+def test_delayed_messages_due_after_a_hand_over_are_delivered_once_by_the_new_master(cluster: Cluster) -> None:
+    master, slave = pair(cluster, role="SYNC_MASTER", **NO_PERIODIC_SYNC)
+    poll(lambda: slave.status()["metadataSync"]["masterAddress"] == master.addr, 20, what="master address known")
+    topic = "DelayHandOver"
+    create_topic(master.addr, topic, queues=1)
+    for i in range(3):
+        send_delayed(master.addr, topic, f"early-{i}", 1)
+    for i in range(3):
+        send_delayed(master.addr, topic, f"late-{i}", 4)
+    poll(lambda: len(bodies(master.addr, topic)) == 3, 10, what="level-1 messages delivered by the master")
+    wait_caught_up(master, [slave])
+    assert delay_offsets(slave).get(1) is None  # only the promotion's last round brings them
+    post(master, "/role", role="SLAVE", brokerId=1, epoch=0, drainMillis=5000)
+    answer = post(slave, "/role", role="SYNC_MASTER", brokerId=0, epoch=1, syncMetadata=True)
+    assert answer["metadataSynced"] is True, answer
+    post(master, "/ha/master", haAddress=ha_addr(slave), epoch=1)
+    poll(lambda: len(bodies(slave.addr, topic)) >= 6, 15, what="the late messages delivered by the new master")
+    poll(lambda: delay_offsets(slave).get(4) == 3, 5, what="level 4 done")
+    assert sorted(bodies(slave.addr, topic)) == sorted([f"early-{i}" for i in range(3)] +
+                                                       [f"late-{i}" for i in range(3)])
 
 
 def lagging_pair(cluster: Cluster, **conf: Any) -> tuple[BrokerProc, BrokerProc]:
@@ -131,3 +190,42 @@ def test_a_promoted_slave_behind_its_synced_check_progress_checks_new_halves(clu
     p = asyncio.run(half_left_open_on_new_master())
     assert [decode_record(bytes(c.body)).body for c in p.checks] == [b"new"]
     assert [r.body for r in tx_delivered(slave.addr)] == [b"new"]
+
+
+def test_halves_prepared_on_the_old_master_are_ended_on_the_new_one(cluster: Cluster) -> None:
+    ns = cluster.namesrv().addr
+    tx: dict[str, Any] = {"transactionCheckInterval": 300, "transactionTimeOut": 1500, "slaveSyncInitialDelay": 300,
+                          "slaveSyncInterval": 500}
+    master = cluster.broker(ns, name="broker-f", broker_id=0, role="SYNC_MASTER", **tx)
+    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE",
+                           haMasterAddress=ha_addr(master), **tx)
+    poll(lambda: slave.status()["ha"]["connected"], 10, what="slave connected")
+    create_topic(master.addr, TX_TOPIC, queues=1)
+
+    async def prepare() -> list[tuple[int, int]]:
+        p = TxProducer(master.addr, answer=None)
+        await p.heartbeat()
+        halves = [await p.half(b"commit me", "TX-C"), await p.half(b"roll me back", "TX-R")]
+        await p.client.close()
+        return halves
+
+    commit_half, rollback_half = asyncio.run(prepare())
+    wait_caught_up(master, [slave])
+    poll(lambda: TX_TOPIC in json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"], 10,
+         what="the topic synced to the slave")
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+
+    async def end_on_new_master() -> TxProducer:
+        p = TxProducer(slave.addr, answer=UNKNOWN)
+        await p.heartbeat()
+        assert (await p.end(*commit_half, COMMIT)).code == ResponseCode.SUCCESS
+        assert (await p.end(*rollback_half, ROLLBACK)).code == ResponseCode.SUCCESS
+        await asyncio.sleep(2.5)  # past transactionTimeOut: an unsettled half would be checked
+        await p.client.close()
+        return p
+
+    p = asyncio.run(end_on_new_master())
+    assert [r.body for r in tx_delivered(slave.addr)] == [b"commit me"]
+    assert p.checks == []
