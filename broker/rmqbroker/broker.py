@@ -285,6 +285,10 @@ class Broker:
             "maxPhyOffset": self.store.max_phy_offset(),
             "minPhyOffset": self.store.min_phy_offset(),
             "flushedPhyOffset": self.store.flushed_phy_offset(),
+            # Where GET /commitlog stops serving: the end of the records already in consume queues.
+            # A catching-up slave's dispatch trails its maxPhyOffset (by up to hundreds of MB), and
+            # a verifier must treat the bytes in between as not there yet, not as missing.
+            "dispatchedPhyOffset": self.store.dispatched_phy_offset(),
             "retention": self.cleaner.status(),
             "relay": {"enabled": (relay := self.ctx.relay) is not None, "target": self.replication.relay_target(),
                       "relayed": relay.relayed if relay else 0, "failed": relay.failed if relay else 0},

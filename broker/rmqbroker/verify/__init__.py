@@ -7,8 +7,9 @@
   Spark task each (``rmqbroker.verify.chunk`` explains how a task finds record boundaries and why
   they can be trusted).  Every record's framing and body CRC is checked with the broker's own
   codec (``rmqbroker.store.record``), and each slave is compared record by record (physical
-  offset, size, body CRC, topic, queueId, queueOffset).  Records beyond a slave's max offset are
-  *lag*, not corruption; records below its min offset (a slave that started from the master's
+  offset, size, body CRC, topic, queueId, queueOffset).  Records beyond what a slave serves
+  (its max offset, or its ``dispatchedPhyOffset`` while it still builds consume queues for what
+  it received) are *lag*, not corruption; records below its min offset (a slave that started from the master's
   last segment) are a *head gap*.
 * **consume queues** - on every replica, every unit points at a record of its topic/queue/queue
   offset with the right size and tagsCode, and every record has its unit.

@@ -223,7 +223,8 @@ def discover(urls: Sequence[str], token: str, timeout: float = 120.0,
         raise AdminError(f"reference replica {master_url} is unreachable: {'; '.join(errors)}")
     # Re-read the master last so its end covers what the slaves had.
     mstatus = AdminClient(master_url, token, timeout).status()
-    mstart, mend = int(mstatus.get("minPhyOffset", 0)), int(mstatus.get("maxPhyOffset", 0))
+    mstart, mend = int(mstatus.get("minPhyOffset", 0)), served_end(mstatus)
+    mmax = int(mstatus.get("maxPhyOffset", 0))
     master = ReplicaState(ReplicaRef(master_url, master_url, token, int(mstatus.get("brokerId", 0)), mstart, mend,
                                      timeout),
                           mstatus, True)
@@ -232,15 +233,15 @@ def discover(urls: Sequence[str], token: str, timeout: float = 120.0,
         if url == master_url or url not in statuses:
             continue
         st = statuses[url]
-        smin, smax = int(st.get("minPhyOffset", 0)), int(st.get("maxPhyOffset", 0))
-        ref = ReplicaRef(url, url, token, int(st.get("brokerId", -1)), max(smin, mstart), max(min(smax, mend), mstart),
+        smin, smax, send = int(st.get("minPhyOffset", 0)), int(st.get("maxPhyOffset", 0)), served_end(st)
+        ref = ReplicaRef(url, url, token, int(st.get("brokerId", -1)), max(smin, mstart), max(min(send, mend), mstart),
                          timeout)
         state = ReplicaState(ref, st, False)
-        state.lag_bytes = max(0, mend - max(smax, mstart))
+        state.lag_bytes = max(0, mend - max(send, mstart))
         state.head_gap_bytes = max(0, min(smin, mend) - mstart)
-        if smax > mend:
-            state.mismatches.append(Mismatch(url, REPLICA_AHEAD, mend, smax - mend,
-                                             detail=f"replica max offset {smax} is beyond the master's {mend}"))
+        if smax > mmax:
+            state.mismatches.append(Mismatch(url, REPLICA_AHEAD, mmax, smax - mmax,
+                                             detail=f"replica max offset {smax} is beyond the master's {mmax}"))
         slaves.append(state)
     for url in urls:
         if url not in statuses:
@@ -248,6 +249,16 @@ def discover(urls: Sequence[str], token: str, timeout: float = 120.0,
             state.mismatches.append(Mismatch(url, UNREACHABLE, detail="status unavailable"))
             slaves.append(state)
     return master, slaves, errors
+
+
+def served_end(status: dict[str, Any]) -> int:
+    """Where a replica's ``GET /commitlog`` stops: its ``dispatchedPhyOffset`` (the records already in
+    its consume queues), which trails ``maxPhyOffset`` while a slave catches up; ``maxPhyOffset``
+    from a broker that does not report it.  Bytes between the two are not served yet, so they are
+    lag: verified against them, a healthy catching-up slave was reported as ``missing`` records."""
+    top = int(status.get("maxPhyOffset", 0))
+    dispatched = status.get("dispatchedPhyOffset")
+    return top if dispatched is None else min(top, int(dispatched))
 
 
 def plan(master: ReplicaRef, slaves: Sequence[ReplicaRef], opts: VerifyOptions,
