@@ -1,26 +1,33 @@
 """Verification of a group that is live while it runs: real brokers, each test its own small group.
 
 The fixture group of ``test_verify`` is quiet and fully in sync; these are the states a scheduled
-run meets in production instead (a slave catching up), where the verdict must be lag, not a
-mismatch.
+run meets in production instead (a slave catching up, a slave between two metadata rounds), where
+the verdict must be lag, not a mismatch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.store.record import BatchEntry, encode_batch_body
 from rmqbroker.verify.chunk import verify_chunk
+from rmqbroker.verify.cli import main
 from rmqbroker.verify.job import LocalExecutor, VerifyOptions, discover, plan, verify
 from tests.conftest import Cluster
 from tests.integration.helpers import create_topic, poll
 from tests.support.procs import BrokerProc
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 TOPIC = "LiveVerifyT"
 
@@ -86,3 +93,29 @@ def test_a_slave_still_building_its_consume_queues_is_lag_not_missing(cluster: C
     outcome = verify(VerifyOptions(urls, master.token, check_metadata=False), LocalExecutor())
     assert [(s.ref.name, s.mismatch_count, s.lag_bytes) for s in outcome.slaves] == [(urls[1], 0, 0)]
     assert outcome.master.mismatch_count == 0 and outcome.slaves[0].stats.records == 200_000
+
+
+def test_a_slave_between_two_metadata_rounds_is_not_a_mismatch(spark: SparkSession, cluster: Cluster,
+                                                                 tmp_path: Path) -> None:
+    """Slaves copy topics and groups every slaveSyncInterval (10 s by default), so right after a
+    topic is created (or a slave restarted, or a failover) their DataVersions differ from the
+    master's. A run in that window reported topic_config mismatches (exit 1) for a healthy group;
+    it now waits for the slave's next round and reports only what that round left."""
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-meta", slaveSyncInitialDelay=200, slaveSyncInterval=5000)
+    slave = cluster.broker(ns.addr, name="broker-meta", broker_id=1, role="SLAVE", slaveSyncInitialDelay=200,
+                           slaveSyncInterval=5000, haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    create_topic(master.addr, TOPIC, 4)
+    asyncio.run(_fill(master.addr, 4, 50, 100))
+    rounds = slave.status()["metadataSync"]["rounds"]
+    # Right after a round: the next one is 5 s away, so the run below starts inside the window.
+    poll(lambda: slave.status()["metadataSync"]["rounds"] > rounds, 20, interval=0.02, what="a metadata round")
+    create_topic(master.addr, "LiveVerifyNew", 2)
+    report = tmp_path / "report.json"
+    code = main(["--replicas", ",".join(f"http://127.0.0.1:{b.admin_port}" for b in (master, slave)),
+                 "--token", master.token, "--report", str(report), "--quiet", "--progress", "off"])
+    rep = json.loads(report.read_text())
+    slave_rep = rep["replicas"][1]
+    assert (code, rep["result"]) == (0, "clean"), slave_rep["mismatches"]
+    assert slave_rep["metadata"]["waitedForSyncSeconds"] > 0  # its DataVersion was behind at first
+    assert "LiveVerifyNew" in json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"]

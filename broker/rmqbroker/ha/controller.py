@@ -376,6 +376,8 @@ class ReplicationController:
                 "lastSuccessMillis": ms.last_success_ms,
                 "rounds": ms.rounds,
                 "failures": ms.failures,
+                # A verifier that finds the slave's metadata behind waits about this long for a round.
+                "intervalMillis": int(ms.interval * 1000),
                 "lastError": ms.last_error,
                 "topicVersion": self.ctx.topics.data_version.to_json_obj(),
                 "subscriptionVersion": self.ctx.groups.data_version.to_json_obj(),

@@ -14,7 +14,8 @@
 * **consume queues** - on every replica, every unit points at a record of its topic/queue/queue
   offset with the right size and tagsCode, and every record has its unit.
 * **metadata** - topic configs and subscription groups (DataVersion and content), and consumer
-  offsets: a slave's offset is never ahead of the master's.
+  offsets: a slave's offset is never ahead of the master's.  A slave whose metadata is behind (a
+  sync round can repair it) is compared again after its next round (``job.settle_metadata``).
 
 Running it
 ----------
