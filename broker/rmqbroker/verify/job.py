@@ -299,6 +299,10 @@ def check_chain(tasks: Sequence[ChunkTask], results: list[ChunkResult], master: 
     expected: int | None = master.start
     for task in tasks:
         res = by_index[task.index]
+        if res.retired is not None and (expected is None or expected < res.retired):
+            # Retention deleted the master's log up to ``retired`` during the run: the chain
+            # restarts at that segment start (chunks walked before the deletion are re-run from it).
+            expected = res.retired
         if expected is not None and expected >= task.stop:
             # The previous record runs over this whole chunk: whatever the task took for records
             # here lies inside that record's body (a lookalike), so its result is dropped.
@@ -370,11 +374,14 @@ def residual_consume_queues(replica: ReplicaRef, results: Sequence[ChunkResult],
     covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
     findings: list[Mismatch] = []
     read = 0
+    # Retention may have deleted the oldest segments since discovery: units pointing there point
+    # at records that are gone by design (consume queue files are deleted later, as in RocketMQ).
+    floor = max(replica.start, int(client.status().get("minPhyOffset", 0)))
     for res in results:
         for topic, qid, a, b in res.cq_coverage.get(replica.name, ()):
             covered.setdefault((topic, qid), []).append((a, b))
         for topic, qid, logical, phy, size, tags in res.foreign_units.get(replica.name, ()):
-            if replica.start <= phy < replica.end:
+            if floor <= phy < replica.end:
                 m = check_unit(replica, client, topic, qid, logical, phy, size, tags, delay_levels)
                 if m is not None:
                     findings.append(m)
@@ -388,7 +395,7 @@ def residual_consume_queues(replica: ReplicaRef, results: Sequence[ChunkResult],
                 n = len(raw) // CQ_STORE_UNIT_SIZE
                 read += n
                 for i, (phy, size, tags) in enumerate(UNIT.iter_unpack(memoryview(raw)[:n * CQ_STORE_UNIT_SIZE])):
-                    if (size == BLANK_SIZE and phy == 0) or not replica.start <= phy < replica.end:
+                    if (size == BLANK_SIZE and phy == 0) or not floor <= phy < replica.end:
                         continue  # a filler, or a record outside the verified range (lag / head gap)
                     m = check_unit(replica, client, q.topic, q.queue_id, logical + i, phy, size, tags, delay_levels)
                     if m is not None:

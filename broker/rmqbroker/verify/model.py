@@ -122,6 +122,9 @@ class ChunkResult:
     # (the next chunk's first): ``None`` when the chunk holds no record start / the walk broke off.
     first: int | None
     handoff: int | None
+    # The master's min offset when retention deleted the start of this chunk after planning (None:
+    # it did not): the bytes below it are gone, not corrupt, and the record chain restarts there.
+    retired: int | None = None
     stats: dict[str, ReplicaChunkStats] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
     # Per replica: (topic, queueId, first logical offset, last logical offset) checked by this chunk.
