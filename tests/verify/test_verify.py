@@ -340,3 +340,24 @@ def test_progress_only_on_a_terminal() -> None:
         p.close()
     assert piped.getvalue() == ""
     assert "3/10 chunks" in tty.getvalue() and "30.0 MB" in tty.getvalue()
+
+
+def test_an_error_run_reports_its_start_in_utc(tmp_path: Path) -> None:
+    """The operator reads startedAt (a naive time as UTC) to tell this Job's ConfigMap summary from
+    an earlier run's; a run that could not verify wrote the local wall time without an offset."""
+    import datetime
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens: connection refused
+    term = tmp_path / "termination-log"
+    began = time.time()
+    proc = subprocess.run([str(Path(sys.executable).with_name("rmq-verify")), "--replicas", url, "--token", "t",
+                           "--engine", "local", "--termination-log", str(term)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "TZ": "America/New_York"})
+    assert proc.returncode == 2, proc.stderr
+    started = datetime.datetime.fromisoformat(json.loads(term.read_text())["startedAt"])
+    assert started.tzinfo is not None and abs(started.timestamp() - began) < 60, started

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rmq-verify: cannot verify: {exc}", file=sys.stderr)
         report: dict[str, Any] = {"version": 1, "result": "error", "exitCode": EXIT_ERROR, "errors": [str(exc)],
                                   "replicas": [], "bytesVerified": 0, "mismatchCount": 0,
-                                  "range": {"start": 0, "end": 0}, "startedAt": time.strftime("%FT%T")}
+                                  "range": {"start": 0, "end": 0},
+                                  # UTC with its offset, as build_report writes it: the operator reads
+                                  # a naive time as UTC, and local time made a failed run look hours
+                                  # older or newer than its Job outside a UTC container.
+                                  "startedAt": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")}
         _emit(args, report)
         return EXIT_ERROR
     report = build_report(outcome, started, sc.master if sc is not None else None, extra)
