@@ -430,10 +430,10 @@ class Broker:
         if self.acl_watcher is not None:
             sup.every("acl-reload", ACL_RELOAD_SECONDS, self._reload_acl)
         await self.replication.start()
-        self._role_changed(self.ctx.role)
+        self._role_changed(self.ctx.role, at_start=True)
         log.info("broker %s (%s, id %d) serving on %s", s.brokerName, s.brokerRole, s.brokerId, s.broker_addr)
 
-    def _role_changed(self, role: str) -> None:
+    def _role_changed(self, role: str, *, at_start: bool = False) -> None:
         """Masters deliver delayed messages; slaves don't. Re-register so routes show the new id."""
         if role == "SLAVE":
             if self._schedule_task is not None:
@@ -444,6 +444,14 @@ class Broker:
             # progress copied from the old master is checked against this log.
             self.schedule.correct_offsets()
             self.transactions.correct_progress()
+            if not at_start:
+                # A promoted slave: topics created after its last metadata round have messages
+                # here but no config. (A master's own queues without config at start are left to
+                # cleanUnusedTopic, as in RocketMQ.)
+                counts: dict[str, int] = {}
+                for topic, queue_id in self.store.list_queues():
+                    counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+                self.topics.restore_from_queues(counts)
             if self._schedule_task is None or self._schedule_task.done():
                 self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
         self.request_register()

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,6 +433,30 @@ class TopicConfigManager(VersionedTableFile[TopicConfig]):
         self._persist_after_change(persist)
         self._notify(tc.topic_name, tc)
         return previous
+
+    def restore_from_queues(self, queue_counts: Mapping[str, int]) -> list[str]:
+        """Create a read/write config for each topic in ``queue_counts`` (topic -> queues it has in
+        the store) that has none; the names created.
+
+        A promoted slave's configs are its master's as of the last metadata round: a topic created
+        since had its messages replicated but no config, so pulls of it were refused as
+        TOPIC_NOT_EXIST until someone created it again.
+        """
+        created: list[TopicConfig] = []
+        with self._lock:
+            for topic, nums in sorted(queue_counts.items()):
+                if topic not in self._table and nums > 0:
+                    tc = TopicConfig(topic, nums, nums, PERM_READ | PERM_WRITE)
+                    self._put_locked(tc)
+                    created.append(tc)
+        if created:
+            for tc in created:
+                log.warning("topic %s has messages but no config (created on the master after the last "
+                            "metadata sync): restored as %s", tc.topic_name, tc)
+            self._persist_after_change(True)
+            for tc in created:
+                self._notify(tc.topic_name, tc)
+        return [tc.topic_name for tc in created]
 
     def update_topic_sys_flag(self, topic: str, sys_flag: int, *, persist: bool = True) -> TopicConfig | None:
         """Change a topic's sys flag (unit mode bits) if it differs; returns the resulting config."""
