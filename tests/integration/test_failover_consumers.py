@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from typing import Any
 
 from rmqbroker.processors.transaction import CHECK_GROUP, HALF_TOPIC
@@ -250,3 +251,50 @@ def test_a_topic_created_after_the_last_metadata_round_is_readable_on_the_promot
     assert bodies(slave.addr, topic) == [f"late-topic-{i}" for i in range(3)]
     restored = json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"][topic]
     assert (restored["readQueueNums"], restored["writeQueueNums"], restored["perm"]) == (1, 1, 6)
+
+
+def test_a_master_promoted_again_forgets_what_it_settled_in_a_term_it_lost(cluster: Cluster) -> None:
+    """A master settles a half, loses that term (its slave is promoted without it; it truncates and
+    follows), and is promoted again: the half now at that queue offset is another one, and ending it
+    must commit it, not be taken for a repeat of the settled one."""
+    master, slave = pair(cluster)
+    create_topic(master.addr, TX_TOPIC, queues=1)
+    wait_caught_up(master, [slave])
+
+    async def prepare(addr: str, body: bytes, key: str, commit: bool) -> tuple[int, int]:
+        p = TxProducer(addr, None)
+        try:
+            await p.heartbeat()
+            table, phy = await p.half(body, key)
+            if commit:
+                assert (await p.end(table, phy, COMMIT)).code == ResponseCode.SUCCESS
+            return table, phy
+        finally:
+            await p.client.close()
+
+    # The slave streams from nowhere from now on: it never gets the first term's transaction.
+    post(slave, "/ha/master", haAddress=f"127.0.0.1:{free_port()}", brokerAddress=master.addr)
+    lost, _ = asyncio.run(prepare(master.addr, b"lost with its term", "TX-LOST", commit=True))
+    master.signal(signal.SIGSTOP)
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    kept, phy = asyncio.run(prepare(slave.addr, b"kept", "TX-KEPT", commit=False))
+    assert kept == lost, "the new term's half must sit where the lost one was"
+    master.signal(signal.SIGCONT)
+    post(master, "/role", role="SLAVE", brokerId=1, epoch=1)
+    post(master, "/ha/master", haAddress=ha_addr(slave), brokerAddress=slave.addr, epoch=1)
+    wait_caught_up(slave, [master])
+    assert master.status()["ha"]["truncatedBytes"] > 0
+    # Back to the first broker, which settled queue offset `lost` in the term it lost.
+    post(slave, "/role", role="SLAVE", brokerId=1, epoch=1, drainMillis=5000)
+    post(master, "/role", role="ASYNC_MASTER", brokerId=0, epoch=2)
+
+    async def end() -> int:
+        p = TxProducer(master.addr, None)
+        try:
+            return int((await p.end(kept, phy, COMMIT)).code)
+        finally:
+            await p.client.close()
+
+    assert asyncio.run(end()) == ResponseCode.SUCCESS
+    assert [bytes(r.body) for r in tx_delivered(master.addr)] == [b"kept"]

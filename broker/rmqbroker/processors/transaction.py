@@ -292,7 +292,15 @@ class TransactionService:
         halves sent to the new master (stored from the queue's end on) would never be checked: a
         half whose producer never ends it would stay undelivered, never given up. Called when the
         broker becomes a master (at start too), before it serves a send in that role.
+
+        What this process remembers of an earlier term as master goes too, as a restart forgets
+        it: its log may have been cut back since (it lost that term), and a half now at a queue
+        offset it settled then is another one, which a remembered "settled" would answer SUCCESS
+        without committing.
         """
+        self._checks.clear()
+        self._settled_set.clear()
+        self._given_up_set.clear()
         for topic in (HALF_TOPIC, OP_TOPIC):
             progress = self.ctx.offsets.query(CHECK_GROUP, topic, 0)
             end = self.ctx.store.get_max_offset_in_queue(topic, 0)
