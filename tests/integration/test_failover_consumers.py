@@ -62,14 +62,20 @@ def send_delayed(addr: str, topic: str, body: str, level: int) -> None:
     assert send_raw(addr, topic, body.encode(), properties=props).code == ResponseCode.SUCCESS
 
 
-def pair(cluster: Cluster, role: str = "ASYNC_MASTER", **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+def pair(cluster: Cluster, role: str = "ASYNC_MASTER", *, lagging: bool = False,
+         **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+    """A master and its slave, metadata synced every 0.5 s. ``lagging``: the slave syncs its
+    metadata but streams none of the log (its HA client points at a port nobody listens on), as a
+    slave that fell behind (ASYNC) would lag."""
     ns = cluster.namesrv().addr
     common: dict[str, Any] = {"messageDelayLevel": DELAY_LEVELS, "flushDelayOffsetInterval": 300,
                               "slaveSyncInitialDelay": 300, "slaveSyncInterval": 500,
                               "mappedFileSizeCommitLog": SEG, "maxMessageSize": 1024 * 1024, **conf}
     master = cluster.broker(ns, name="broker-f", broker_id=0, role=role, **common)
-    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(master),
-                           **common)
+    ha_master = f"127.0.0.1:{free_port()}" if lagging else ha_addr(master)
+    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE", haMasterAddress=ha_master, **common)
+    if lagging:
+        poll(lambda: slave.status()["metadataSync"]["masterAddress"] == master.addr, 20, what="master address known")
     return master, slave
 
 
@@ -119,22 +125,8 @@ def test_delayed_messages_due_after_a_hand_over_are_delivered_once_by_the_new_ma
                                                        [f"late-{i}" for i in range(3)])
 
 
-def lagging_pair(cluster: Cluster, **conf: Any) -> tuple[BrokerProc, BrokerProc]:
-    """A master and a slave that syncs its metadata but streams none of its log: its HA client
-    points at a port nobody listens on, as a slave that fell behind (ASYNC) would lag."""
-    ns = cluster.namesrv().addr
-    common: dict[str, Any] = {"messageDelayLevel": DELAY_LEVELS, "flushDelayOffsetInterval": 300,
-                              "slaveSyncInitialDelay": 300, "slaveSyncInterval": 500,
-                              "mappedFileSizeCommitLog": SEG, "maxMessageSize": 1024 * 1024, **conf}
-    master = cluster.broker(ns, name="broker-f", broker_id=0, **common)
-    slave = cluster.broker(ns, name="broker-f", broker_id=1, role="SLAVE",
-                           haMasterAddress=f"127.0.0.1:{free_port()}", **common)
-    poll(lambda: slave.status()["metadataSync"]["masterAddress"] == master.addr, 20, what="master address known")
-    return master, slave
-
-
 def test_a_promoted_slave_behind_its_synced_delay_offsets_delivers_new_delayed_messages(cluster: Cluster) -> None:
-    master, slave = lagging_pair(cluster)
+    master, slave = pair(cluster, lagging=True)
     topic = "DelayBehind"
     create_topic(master.addr, topic, queues=1)
     for i in range(3):
@@ -155,7 +147,7 @@ def test_a_promoted_slave_behind_its_synced_delay_offsets_delivers_new_delayed_m
 
 
 def test_a_promoted_slave_behind_its_synced_check_progress_checks_new_halves(cluster: Cluster) -> None:
-    master, slave = lagging_pair(cluster, transactionCheckInterval=300, transactionTimeOut=800)
+    master, slave = pair(cluster, lagging=True, transactionCheckInterval=300, transactionTimeOut=800)
     create_topic(master.addr, TX_TOPIC, queues=1)
 
     async def settle_on_master() -> None:
