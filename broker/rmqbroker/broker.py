@@ -165,6 +165,7 @@ class Broker:
             self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,
                                         lambda: self.replication.demoted_at, settings.broker_addr)
         self._schedule_task: asyncio.Task[None] | None = None
+        self._last_role = self.ctx.role
         self.registered = False
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
@@ -435,7 +436,9 @@ class Broker:
 
     def _role_changed(self, role: str, *, at_start: bool = False) -> None:
         """Masters deliver delayed messages; slaves don't. Re-register so routes show the new id."""
+        previous, self._last_role = self._last_role, role
         if role == "SLAVE":
+            self.pull.ended_term()
             if self._schedule_task is not None:
                 self._schedule_task.cancel()
                 self._schedule_task = None
@@ -449,9 +452,13 @@ class Broker:
                 # here but no config. (A master's own queues without config at start are left to
                 # cleanUnusedTopic, as in RocketMQ.)
                 counts: dict[str, int] = {}
+                ends: dict[tuple[str, int], int] = {}
                 for topic, queue_id in self.store.list_queues():
                     counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+                    ends[(topic, queue_id)] = self.store.get_max_offset_in_queue(topic, queue_id)
                 self.topics.restore_from_queues(counts)
+                if previous == "SLAVE":
+                    self.pull.began_term(ends)
             if self._schedule_task is None or self._schedule_task.done():
                 self._schedule_task = self.supervisor.spawn("schedule", self.schedule.run())
         self.request_register()

@@ -290,3 +290,40 @@ def test_a_master_promoted_again_forgets_what_it_settled_in_a_term_it_lost(clust
 
     assert asyncio.run(end()) == ResponseCode.SUCCESS
     assert [bytes(r.body) for r in tx_delivered(master.addr)] == [b"kept"]
+
+
+def test_a_consumer_past_the_lost_term_is_moved_back_to_the_new_terms_messages(cluster: Cluster) -> None:
+    """ASYNC: a consumer read messages the slave never got; after the failover new sends fill those
+    queue offsets on the promoted slave. The consumer's first pull beyond where the new term began is
+    moved back there (PULL_OFFSET_MOVED), so it reads the new messages instead of skipping them."""
+    master, slave = pair(cluster)
+    topic = "LostTerm"
+    create_topic(master.addr, topic, queues=1)
+    for i in range(5):
+        assert send_raw(master.addr, topic, f"kept-{i}".encode()).code == ResponseCode.SUCCESS
+    wait_caught_up(master, [slave])
+    post(slave, "/ha/master", haAddress=f"127.0.0.1:{free_port()}", brokerAddress=master.addr)
+    for i in range(5):
+        assert send_raw(master.addr, topic, f"lost-{i}".encode()).code == ResponseCode.SUCCESS
+    assert len(bodies(master.addr, topic)) == 10  # the consumer got to offset 10 on the old master
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    for i in range(5):
+        assert send_raw(slave.addr, topic, f"new-{i}".encode()).code == ResponseCode.SUCCESS
+
+    def pull(offset: int, commit: int = 0) -> Any:
+        return rpc(slave.addr, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "CG_LOST", "topic": topic, "queueId": "0", "queueOffset": str(offset),
+            "maxMsgNums": "32", "sysFlag": "5" if commit else "4", "commitOffset": str(commit),
+            "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0"})
+
+    first = pull(10, commit=10)
+    assert (first.code, first.ext_fields["nextBeginOffset"]) == (ResponseCode.PULL_OFFSET_MOVED, "5"), first
+    assert query_consumer_offset(slave.addr, "CG_LOST", topic, 0) != 10, "the stale commit was stored"
+    got = pull(5)
+    assert got.code == ResponseCode.SUCCESS
+    assert [r.body.decode() for r in iter_records(bytes(got.body))] == [f"new-{i}" for i in range(5)]
+    # Once served within the term, the group's pulls are served as asked.
+    again = pull(10)
+    assert again.code != ResponseCode.PULL_OFFSET_MOVED, again

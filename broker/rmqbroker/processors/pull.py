@@ -71,6 +71,24 @@ class PullMessageProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self.holds = PullHoldService(self)
+        # Each queue's end when this broker last became master from a slave, and the (group,
+        # topic, queue) pulls served at or below it since (see began_term).
+        self._term_ends: dict[tuple[str, int], int] = {}
+        self._term_seen: set[tuple[str, str, int]] = set()
+
+    def began_term(self, ends: dict[tuple[str, int], int]) -> None:
+        """This slave became master with these queue ends. A consumer that read messages of the
+        old master's lost term (ASYNC: never replicated here) holds an offset beyond them; new
+        sends fill those offsets here, and serving its first pull there would skip them. Its first
+        pull of a queue above the end is answered PULL_OFFSET_MOVED to the end instead: it reads
+        the new messages (at most some again), never past them. No consumer can have gone beyond
+        an end legitimately before pulling from this master once."""
+        self._term_ends = ends
+        self._term_seen = set()
+
+    def ended_term(self) -> None:
+        self._term_ends = {}
+        self._term_seen = set()
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.PULL_MESSAGE, self.pull)
@@ -142,6 +160,10 @@ class PullMessageProcessor:
         elif ctx.settings.filterSupportRetry and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             record_filter = self._retry_filter(group)
 
+        if self._term_ends and not ctx.is_slave:
+            moved = self._behind_lost_term(cmd, group, topic, queue_id, offset)
+            if moved is not None:
+                return moved
         result = ctx.store.get_message(group, topic, queue_id, offset, max_msgs,
                                        None if sub.matches_all else sub.match_code, record_filter)
         status = result.status
@@ -183,6 +205,24 @@ class PullMessageProcessor:
             ctx.stats.got(group, topic, result.message_count, len(body))
             return cmd.make_response(code, "FOUND", ext_fields=ext, body=body)
         return cmd.make_response(code, status.name, ext_fields=ext)
+
+    def _behind_lost_term(self, cmd: RemotingCommand, group: str, topic: str, queue_id: int,
+                          offset: int) -> RemotingCommand | None:
+        key = (group, topic, queue_id)
+        if key in self._term_seen:
+            return None
+        end = self._term_ends.get((topic, queue_id))
+        if end is None or offset <= end:
+            self._term_seen.add(key)
+            return None
+        log.warning("%s pulls %s queue %d at %d, beyond %d where this master's term began (it read "
+                    "messages of a term that was lost): moved back to %d", group, topic, queue_id, offset, end, end)
+        store = self.ctx.store
+        ext = {wire.NEXT_BEGIN_OFFSET: str(end),
+               wire.MIN_OFFSET: str(store.get_min_offset_in_queue(topic, queue_id)),
+               wire.MAX_OFFSET: str(store.get_max_offset_in_queue(topic, queue_id)),
+               wire.SUGGEST_WHICH_BROKER_ID: "0"}
+        return cmd.make_response(ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY", ext_fields=ext)
 
     def _retry_filter(self, group: str) -> RecordFilter | None:
         """With filterSupportRetry, a retry message is selected by the group's selector of the topic
