@@ -14,7 +14,16 @@ from rmqbroker.processors.transaction import CHECK_GROUP, HALF_TOPIC
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from rmqbroker.store.record import MessageRecord, decode_record, iter_records
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic, poll, query_consumer_offset, rpc, send_raw, wait_caught_up
+from tests.integration.helpers import (
+    PushConsumer,
+    create_topic,
+    create_topic_and_wait,
+    poll,
+    query_consumer_offset,
+    rpc,
+    send_raw,
+    wait_caught_up,
+)
 from tests.integration.test_replication import SEG
 from tests.integration.test_replication_extra import ha_addr
 from tests.integration.test_transactions import COMMIT, ROLLBACK, UNKNOWN, TxProducer
@@ -327,3 +336,30 @@ def test_a_consumer_past_the_lost_term_is_moved_back_to_the_new_terms_messages(c
     # Once served within the term, the group's pulls are served as asked.
     again = pull(10)
     assert again.code != ResponseCode.PULL_OFFSET_MOVED, again
+
+
+def test_a_stock_consumer_past_the_lost_term_reads_the_new_masters_messages(cluster: Cluster) -> None:
+    """The same with the stock C++ push consumer: it consumed the lost term's messages, the new
+    master got new sends at those offsets before the consumer found it (its routes are re-read
+    every 30 s), and it still receives every one of them."""
+    master, slave = pair(cluster)
+    ns = master.conf["namesrvAddr"]
+    topic = "LostTermStock"
+    create_topic_and_wait(master.addr, ns, topic, queues=1)
+    for i in range(5):
+        assert send_raw(master.addr, topic, f"kept-{i}".encode()).code == ResponseCode.SUCCESS
+    wait_caught_up(master, [slave])
+    post(slave, "/ha/master", haAddress=f"127.0.0.1:{free_port()}", brokerAddress=master.addr)
+    with PushConsumer(ns, "CG_LOST_STOCK", topic, log_dir=cluster.workdir) as consumer:
+        consumer.wait_started()
+        for i in range(5):
+            assert send_raw(master.addr, topic, f"lost-{i}".encode()).code == ResponseCode.SUCCESS
+        consumer.wait_count(10, 30)
+        master.kill9()
+        post(slave, "/ha/fence", epoch=1)
+        post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+        for i in range(5):
+            assert send_raw(slave.addr, topic, f"new-{i}".encode()).code == ResponseCode.SUCCESS
+        got = consumer.wait_for(lambda m: {f"new-{i}" for i in range(5)} <= {e["body"] for e in m}, 60,
+                                what="the new master's messages")
+    assert sorted(e["body"] for e in got if e["body"].startswith("new-")) == [f"new-{i}" for i in range(5)]
