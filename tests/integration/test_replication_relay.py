@@ -5,6 +5,7 @@ relayed request is never relayed again, and a signed one still verifies at the m
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,30 @@ def test_a_consumer_sending_back_to_a_slave_reaches_the_master(cluster: Cluster)
     dlq = rpc(master.addr, RequestCode.GET_MAX_OFFSET, {"topic": "%DLQ%CG_BACK", "queueId": "0"})
     assert dlq.code == ResponseCode.SUCCESS and dlq.ext_fields["offset"] == "1", dlq
     assert slave.status()["relay"]["relayed"] == 1
+
+
+def test_a_demoted_master_relays_only_to_a_master_it_completed_the_handshake_with(cluster: Cluster) -> None:
+    """Demoted again, a broker's HA client reconnects to the master it followed in an earlier term
+    (here a slave that does not answer). A TCP connection alone proves nothing about that peer: it
+    is no relay target until the handshake found it a master, so sends wait and are refused as
+    "following no master" instead of going to a broker that is no master."""
+    ns = cluster.namesrv()
+    a = cluster.broker(ns.addr, name="broker-p", role="SYNC_MASTER")
+    b = cluster.broker(ns.addr, name="broker-p", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(a))
+    poll(lambda: follows(b, a), 20, what="b follows a")
+    create_topic_and_wait(a.addr, ns.addr, TOPIC, queues=1)
+    hand_over(a, b, "SYNC_MASTER")
+    poll(lambda: a.status()["relay"]["target"] == b.addr, 20, what="a follows b")
+    assert a.popen is not None
+    a.popen.send_signal(signal.SIGSTOP)  # its HA port still accepts connections (the kernel's backlog)
+    try:
+        code, body = role(b, role="SLAVE", brokerId=1, epoch=1)
+        assert code == 200, body
+        poll(lambda: b.status()["ha"]["connects"] >= 2, 10, what="b connected to a's HA port again")
+        time.sleep(0.3)
+        assert b.status()["relay"]["target"] is None, b.status()["relay"]
+        resp = send_raw(b.addr, TOPIC, b"during the hand-over")
+        assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and "following no master" in (resp.remark or ""), resp
+        assert b.status()["relay"]["failed"] == 0
+    finally:
+        a.popen.send_signal(signal.SIGCONT)

@@ -78,8 +78,9 @@ class ReplicationController:
         self.demoted_at: float | None = None
 
     def relay_target(self) -> str | None:
-        """The broker address of the master this slave streams from now, or None."""
-        if not self.ctx.is_slave or not self.ha_client.connected:
+        """The broker address of the master this slave streams from now, or None: a TCP connection
+        alone is no master (the peer may be a slave, or a broker that never answers the handshake)."""
+        if not self.ctx.is_slave or not self.ha_client.streaming:
             return None
         return self.metadata_sync.master_addr
 

@@ -473,6 +473,9 @@ class HAClient:
         # Bytes of the master's own term this log holds beyond the master's end (0: none).
         self.ahead_bytes = 0
         self.connected = False
+        # Streaming from a master: the handshake found the peer a master (connected is set at the
+        # TCP connect already, before anything is known of the peer).
+        self.streaming = False
         self.local_address: str | None = None
         self.bytes_received = 0
         self.mismatches = 0
@@ -526,6 +529,7 @@ class HAClient:
                     await task
         self._task = self._reput_task = None
         self.connected = False
+        self.streaming = False
         self.local_address = None
 
     def committed(self, end: int) -> None:
@@ -609,6 +613,7 @@ class HAClient:
                 log.exception("HA connection to %s failed", addr)
             finally:
                 self.connected = False
+                self.streaming = False
                 self.local_address = None
             if self._changed.is_set():
                 continue
@@ -658,6 +663,7 @@ class HAClient:
                 await self._reconcile(answer, addr)
             start = self.store.max_phy_offset()
             log.info("HA following master %s from offset %d", addr, start)
+            self.streaming = True
             running = loop.run_in_executor(self.receiver_pool, receiver.stream, start)
             done, _ = await asyncio.wait({running, changed}, return_when=asyncio.FIRST_COMPLETED)
             if changed in done:
