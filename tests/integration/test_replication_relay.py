@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,38 @@ def test_a_demoted_master_relays_only_to_a_master_it_completed_the_handshake_wit
         assert b.status()["relay"]["failed"] == 0
     finally:
         a.popen.send_signal(signal.SIGCONT)
+
+
+def test_a_relay_after_waiting_for_the_new_master_still_answers_within_the_send_timeout(cluster: Cluster) -> None:
+    """The wait for a new master after a demotion and the relay share one budget, under the
+    clients' 3 s send timeout: a client that timed out sends again a message the master may have
+    stored meanwhile. Here the master is found after 1.5 s and its broker port does not answer."""
+    ns = cluster.namesrv()
+    a = cluster.broker(ns.addr, name="broker-q")
+    c = cluster.broker(ns.addr, name="broker-q", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(a))
+    b = cluster.broker(ns.addr, name="broker-z")
+    poll(lambda: follows(c, a), 20, what="c follows a")
+    code, body = role(b, role="SLAVE", brokerId=1, epoch=0)
+    assert code == 200, body
+    assert c.popen is not None
+    c.popen.send_signal(signal.SIGSTOP)  # a broker port that accepts connections and never answers
+    try:
+        answer: list[tuple[int, float]] = []
+
+        def send() -> None:
+            started = time.monotonic()
+            resp = send_raw(b.addr, TOPIC, b"slow master", timeout=10)
+            answer.append((int(resp.code), time.monotonic() - started))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        time.sleep(1.5)
+        code, raw = b.admin("/ha/master", "POST", json.dumps(
+            {"haAddress": ha_addr(a), "brokerAddress": c.addr, "epoch": 0}).encode())
+        assert code == 200, raw
+        sender.join(15)
+        assert answer and b.status()["relay"]["failed"] == 1, (answer, b.status()["relay"])
+        code_, elapsed = answer[0]
+        assert code_ == ResponseCode.SERVICE_NOT_AVAILABLE and elapsed < 2.9, answer
+    finally:
+        c.popen.send_signal(signal.SIGCONT)

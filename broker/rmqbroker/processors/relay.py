@@ -28,8 +28,11 @@ from rmqbroker.remoting.frame import RemotingCommand
 
 log = logging.getLogger(__name__)
 
-# How long a relayed request may take at the master: under the clients' usual 3 s send timeout.
+# How long a relayed request may take here, the wait for a master included: under the clients'
+# usual 3 s send timeout (a client that timed out sends again what the master may have stored).
 RELAY_TIMEOUT_SECONDS = 2.5
+# What a relay found its master late still gives the master to answer.
+RELAY_MIN_SECONDS = 0.5
 # A broker demoted less than this ago waits for its new master (a hand-over's promotion and
 # re-point) for at most RELAY_WAIT_SECONDS; any other slave without a master refuses at once.
 RELAY_WAIT_AFTER_DEMOTION_SECONDS = 30.0
@@ -63,11 +66,12 @@ class WriteRelay:
         return None if master == self._own_addr else master
 
     async def _forward(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        started = time.monotonic()
         master = self._target()
         if master is None:
             demoted = self._demoted_at()
-            if demoted is not None and time.monotonic() - demoted < RELAY_WAIT_AFTER_DEMOTION_SECONDS:
-                deadline = time.monotonic() + RELAY_WAIT_SECONDS
+            if demoted is not None and started - demoted < RELAY_WAIT_AFTER_DEMOTION_SECONDS:
+                deadline = started + RELAY_WAIT_SECONDS
                 while master is None and time.monotonic() < deadline:
                     await asyncio.sleep(_POLL_SECONDS)
                     master = self._target()
@@ -80,7 +84,8 @@ class WriteRelay:
                 await self.client.invoke_oneway(master, relayed)
                 self.relayed += 1
                 return None
-            answer = await self.client.invoke(master, relayed, RELAY_TIMEOUT_SECONDS)
+            timeout = max(started + RELAY_TIMEOUT_SECONDS - time.monotonic(), RELAY_MIN_SECONDS)
+            answer = await self.client.invoke(master, relayed, timeout)
         except RemotingError as exc:
             self.failed += 1
             log.warning("relaying request code %d to the master %s failed: %s", cmd.code, master, exc)
