@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -167,16 +168,17 @@ def test_a_demoted_master_relays_only_to_a_master_it_completed_the_handshake_wit
 def test_a_relay_after_waiting_for_the_new_master_still_answers_within_the_send_timeout(cluster: Cluster) -> None:
     """The wait for a new master after a demotion and the relay share one budget, under the
     clients' 3 s send timeout: a client that timed out sends again a message the master may have
-    stored meanwhile. Here the master is found after 1.5 s and its broker port does not answer."""
+    stored meanwhile. Here the master is found after 1.5 s and its broker address never answers."""
     ns = cluster.namesrv()
-    a = cluster.broker(ns.addr, name="broker-q")
-    c = cluster.broker(ns.addr, name="broker-q", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(a))
+    # The master tells the address 127.0.0.2:port (brokerIP1) but listens on 127.0.0.1 only;
+    # what listens there accepts connections and never answers.
+    a = cluster.broker(ns.addr, name="broker-q", brokerIP1="127.0.0.2")
+    silent = socket.socket()
+    silent.bind(("127.0.0.2", a.port))
+    silent.listen(16)
     b = cluster.broker(ns.addr, name="broker-z")
-    poll(lambda: follows(c, a), 20, what="c follows a")
     code, body = role(b, role="SLAVE", brokerId=1, epoch=0)
     assert code == 200, body
-    assert c.popen is not None
-    c.popen.send_signal(signal.SIGSTOP)  # a broker port that accepts connections and never answers
     try:
         answer: list[tuple[int, float]] = []
 
@@ -188,12 +190,32 @@ def test_a_relay_after_waiting_for_the_new_master_still_answers_within_the_send_
         sender = threading.Thread(target=send)
         sender.start()
         time.sleep(1.5)
-        code, raw = b.admin("/ha/master", "POST", json.dumps(
-            {"haAddress": ha_addr(a), "brokerAddress": c.addr, "epoch": 0}).encode())
+        code, raw = b.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(a), "epoch": 0}).encode())
         assert code == 200, raw
         sender.join(15)
-        assert answer and b.status()["relay"]["failed"] == 1, (answer, b.status()["relay"])
+        assert answer and b.status()["relay"] == {"enabled": True, "target": f"127.0.0.2:{a.port}", "relayed": 0,
+                                                  "failed": 1}, (answer, b.status()["relay"])
         code_, elapsed = answer[0]
         assert code_ == ResponseCode.SERVICE_NOT_AVAILABLE and elapsed < 2.9, answer
     finally:
-        c.popen.send_signal(signal.SIGCONT)
+        silent.close()
+
+
+def test_a_slave_relays_to_the_master_it_streams_from_not_to_a_stale_metadata_master(cluster: Cluster) -> None:
+    """Re-pointed with the HA address only (POST /ha/master without brokerAddress), a slave's
+    metadata sync still names the old master, now a slave: the relay goes where the slave streams
+    from, whose broker address the master tells in the HA handshake."""
+    ns = cluster.namesrv()
+    a = cluster.broker(ns.addr, name="broker-m", role="SYNC_MASTER")
+    b = cluster.broker(ns.addr, name="broker-m", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(a))
+    c = cluster.broker(ns.addr, name="broker-m", broker_id=2, role="SLAVE", haMasterAddress=ha_addr(a))
+    poll(lambda: follows(b, a) and follows(c, a), 20, what="b and c follow a")
+    create_topic_and_wait(a.addr, ns.addr, TOPIC, queues=1)
+    hand_over(a, b, "SYNC_MASTER")
+    code, raw = c.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(b), "epoch": 1}).encode())
+    assert code == 200, raw
+    poll(lambda: c.status()["ha"]["masterAddress"] == ha_addr(b) and c.status()["relay"]["target"] is not None, 20,
+         what="c streams from b")
+    assert c.status()["relay"]["target"] == b.addr, c.status()["relay"]
+    resp = send_raw(c.addr, TOPIC, b"via c")
+    assert resp.code == ResponseCode.SUCCESS, resp

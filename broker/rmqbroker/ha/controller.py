@@ -61,6 +61,7 @@ class ReplicationController:
             sync_timeout=settings.syncFlushTimeout / 1000,
             push_after_ack=settings.haPushAfterAck,
         ), epochs, role=lambda: ctx.role)
+        self.ha.broker_addr = settings.broker_addr
         self.store.add_arrival_listener(self.ha.notify_data)
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
@@ -82,7 +83,10 @@ class ReplicationController:
         alone is no master (the peer may be a slave, or a broker that never answers the handshake)."""
         if not self.ctx.is_slave or not self.ha_client.streaming:
             return None
-        return self.metadata_sync.master_addr
+        # The master's own word in the handshake; the metadata sync's address (a re-point's
+        # brokerAddress, the nameserver's answer) may name another broker (a re-point with the HA
+        # address only) and is left for masters that do not tell it (Java's, older ones).
+        return self.ha_client.master_broker_addr or self.metadata_sync.master_addr
 
     def _truncate(self, offset: int) -> None:
         """Cut this log at ``offset``; slaves streaming from it are dropped first, so that none

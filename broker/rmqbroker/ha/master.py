@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.ha.transfer import GroupTransferService
@@ -218,8 +218,11 @@ class HAConnection(asyncio.Protocol):
             # Streaming has not started, so the answer cannot interleave with a frame. The role
             # tells this project's slaves not to follow a slave (they would ack bytes no master
             # counts); Java slaves never ask.
-            body = json.dumps({**svc.epoch_history(), "maxOffset": store.max_phy_offset(),
-                               "role": svc.role()}).encode()
+            answer: dict[str, Any] = {**svc.epoch_history(), "maxOffset": store.max_phy_offset(),
+                                      "role": svc.role()}
+            if svc.broker_addr:
+                answer["brokerAddr"] = svc.broker_addr
+            body = json.dumps(answer).encode()
             tr.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
             return
         max_offset = store.max_phy_offset()
@@ -425,6 +428,9 @@ class HAService:
         self.epochs = epochs
         # The broker's current role (it changes at runtime); without one this listener is a master's.
         self.role: Callable[[], str] = role or (lambda: "ASYNC_MASTER")
+        # This broker's client address (host:port), told to slaves in the epoch answer: the address
+        # a slave relays clients' writes to (processors/relay.py). None: not told.
+        self.broker_addr: str | None = None
         # Peers that asked to follow while this broker was a slave (each connection closed).
         self.refused_followers = 0
         self.connections: set[HAConnection] = set()

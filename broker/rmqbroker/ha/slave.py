@@ -476,6 +476,8 @@ class HAClient:
         # Streaming from a master: the handshake found the peer a master (connected is set at the
         # TCP connect already, before anything is known of the peer).
         self.streaming = False
+        # The client address the master streamed from now told in its epoch answer (None: not told).
+        self.master_broker_addr: str | None = None
         self.local_address: str | None = None
         self.bytes_received = 0
         self.mismatches = 0
@@ -650,6 +652,7 @@ class HAClient:
         # that asks again, so a master replaced at the same address gets the handshake.
         legacy = self._legacy_next == addr
         self._legacy_next = None
+        self.master_broker_addr = None
         self.legacy_master = legacy
         changed = asyncio.ensure_future(self._changed.wait())
         running: asyncio.Future[Any] | None = None
@@ -702,10 +705,13 @@ class HAClient:
             master_max = int(obj["maxOffset"])
             # Absent from masters before the field existed: they answered only as masters.
             peer_role = str(obj.get("role", "MASTER"))
+            told = obj.get("brokerAddr")
+            broker_addr = told if isinstance(told, str) and told else None
         except (ValueError, KeyError, TypeError, AttributeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
         if peer_role == "SLAVE":
             raise StreamMismatchError(f"{addr} is a SLAVE (epoch {master_epoch}), not a master to follow")
+        self.master_broker_addr = broker_addr
         if master_epoch < epochs.epoch:
             raise StreamMismatchError(
                 f"master {addr} is at epoch {master_epoch}, older than ours ({epochs.epoch})")
