@@ -66,6 +66,13 @@ def post(broker: BrokerProc, path: str, **body: Any) -> dict[str, Any]:
     return answer
 
 
+def fail_over(master: BrokerProc, slave: BrokerProc) -> None:
+    """The master is lost for good (kill -9); the slave is fenced and promoted at epoch 1."""
+    master.kill9()
+    post(slave, "/ha/fence", epoch=1)
+    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+
+
 def send_delayed(addr: str, topic: str, body: str, level: int) -> None:
     props = f"WAIT\x01true\x02KEYS\x01{body}\x02DELAY\x01{level}\x02"
     assert send_raw(addr, topic, body.encode(), properties=props).code == ResponseCode.SUCCESS
@@ -99,9 +106,7 @@ def test_delayed_messages_due_after_a_failover_are_delivered_once_by_the_promote
         send_delayed(master.addr, topic, f"late-{i}", 4)
     wait_caught_up(master, [slave])
     poll(lambda: delay_offsets(slave).get(1) == 3, 10, what="the slave has the master's delay offsets")
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
     poll(lambda: len(bodies(slave.addr, topic)) >= 6, 15, what="the late messages delivered by the new master")
     # A moment more: anything delivered twice would show now.
     poll(lambda: delay_offsets(slave).get(4) == 3, 5, what="level 4 done")
@@ -144,9 +149,7 @@ def test_a_promoted_slave_behind_its_synced_delay_offsets_delivers_new_delayed_m
     poll(lambda: delay_offsets(slave).get(1) == 3, 10, what="the slave has the master's delay offsets")
     assert slave.status()["maxPhyOffset"] == 0  # ...but none of its log
     # The master is lost for good; the slave is promoted with what it has (allowDataLoss).
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
     # Acknowledged delayed sends to the new master: their level queue starts again at offset 0.
     for i in range(3):
         send_delayed(slave.addr, topic, f"new-{i}", 1)
@@ -171,9 +174,7 @@ def test_a_promoted_slave_behind_its_synced_check_progress_checks_new_halves(clu
     poll(lambda: query_consumer_offset(slave.addr, CHECK_GROUP, HALF_TOPIC, 0) == 3, 10,
          what="the check's progress synced to the slave")
     assert slave.status()["maxPhyOffset"] == 0
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
 
     async def half_left_open_on_new_master() -> TxProducer:
         # The producer prepared the half and crashed before its commit; a new instance of its
@@ -215,9 +216,7 @@ def test_halves_prepared_on_the_old_master_are_ended_on_the_new_one(cluster: Clu
     wait_caught_up(master, [slave])
     poll(lambda: TX_TOPIC in json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"], 10,
          what="the topic synced to the slave")
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
 
     async def end_on_new_master() -> TxProducer:
         p = TxProducer(slave.addr, answer=UNKNOWN)
@@ -246,9 +245,7 @@ def test_a_topic_created_after_the_last_metadata_round_is_readable_on_the_promot
     wait_caught_up(master, [slave])
     topics = json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"]
     assert topic not in topics, "the slave synced the topic: this test needs it missing"
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
     assert bodies(slave.addr, topic) == [f"late-topic-{i}" for i in range(3)]
     restored = json.loads(slave.admin("/metadata")[1])["topics"]["topicConfigTable"][topic]
     assert (restored["readQueueNums"], restored["writeQueueNums"], restored["perm"]) == (1, 1, 6)
@@ -315,9 +312,7 @@ def test_a_consumer_past_the_lost_term_is_moved_back_to_the_new_terms_messages(c
     for i in range(5):
         assert send_raw(master.addr, topic, f"lost-{i}".encode()).code == ResponseCode.SUCCESS
     assert len(bodies(master.addr, topic)) == 10  # the consumer got to offset 10 on the old master
-    master.kill9()
-    post(slave, "/ha/fence", epoch=1)
-    post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+    fail_over(master, slave)
     for i in range(5):
         assert send_raw(slave.addr, topic, f"new-{i}".encode()).code == ResponseCode.SUCCESS
 
@@ -355,9 +350,7 @@ def test_a_stock_consumer_past_the_lost_term_reads_the_new_masters_messages(clus
         for i in range(5):
             assert send_raw(master.addr, topic, f"lost-{i}".encode()).code == ResponseCode.SUCCESS
         consumer.wait_count(10, 30)
-        master.kill9()
-        post(slave, "/ha/fence", epoch=1)
-        post(slave, "/role", role="ASYNC_MASTER", brokerId=0, epoch=1)
+        fail_over(master, slave)
         for i in range(5):
             assert send_raw(slave.addr, topic, f"new-{i}".encode()).code == ResponseCode.SUCCESS
         got = consumer.wait_for(lambda m: {f"new-{i}" for i in range(5)} <= {e["body"] for e in m}, 60,
