@@ -53,8 +53,9 @@ ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE
                          # Stricter than RocketMQ 4.9: one makes a consumer consume a message again,
                          # the other puts a transaction half back to be checked.
                          RequestCode.CONSUME_MESSAGE_DIRECTLY, RequestCode.RESUME_CHECK_HALF_MESSAGE})
-# RELAYED_BY: added by a slave forwarding a client's signed write to its master (processors/relay.py).
-_UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY, wire.RELAYED_BY})
+# RELAYED_BY, RELAYED_FOR: added by a slave forwarding a client's signed write to its master
+# (processors/relay.py).
+_UNSIGNED = frozenset({wire.SIGNATURE, wire.UNIQUE_KEY_QUERY, wire.RELAYED_BY, wire.RELAYED_FOR})
 MIN_KEY_LENGTH = 6
 # plain_acl.yml keys (RocketMQ's file format).
 ACCOUNTS = "accounts"

@@ -161,6 +161,7 @@ class Broker:
         self.supervisor = Supervisor()
         self.epochs = EpochStore(config_dir)
         self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed)
+        self.ctx.relays_from = self.replication.ha.streams_to
         if settings.relaySendsToMaster:
             self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,
                                         lambda: self.replication.demoted_at, settings.broker_addr)

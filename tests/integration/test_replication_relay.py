@@ -15,6 +15,8 @@ from typing import Any
 from rmqbroker.acl import sign
 from rmqbroker.remoting import wire
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand, decode_frame_payload, encode_frame
+from rmqbroker.store.record import decode_offset_msg_id, decode_record
 from tests.conftest import Cluster
 from tests.integration.helpers import (
     StreamProducer,
@@ -219,3 +221,44 @@ def test_a_slave_relays_to_the_master_it_streams_from_not_to_a_stale_metadata_ma
     assert c.status()["relay"]["target"] == b.addr, c.status()["relay"]
     resp = send_raw(c.addr, TOPIC, b"via c")
     assert resp.code == ResponseCode.SUCCESS, resp
+
+
+def _send_from(local_host: str, broker: BrokerProc, ext: dict[str, str], body: bytes) -> tuple[RemotingCommand, int]:
+    """SEND_MESSAGE on a connection bound to ``local_host``: the answer and the client's port."""
+    host, port = broker.addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10, source_address=(local_host, 0)) as s:
+        s.sendall(encode_frame(RemotingCommand(RequestCode.SEND_MESSAGE, ext_fields=ext, body=body)))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+            chunk = s.recv(65536)
+            assert chunk, "the broker closed the connection"
+            data += chunk
+        return decode_frame_payload(data[4:]), s.getsockname()[1]
+
+
+def _born_host(broker: BrokerProc, offset_msg_id: str) -> tuple[str, int]:
+    resp = rpc(broker.addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(decode_offset_msg_id(offset_msg_id)[2])})
+    assert resp.code == ResponseCode.SUCCESS, resp
+    return decode_record(bytes(resp.body), 0).born_host
+
+
+def test_a_relayed_message_keeps_the_client_as_its_born_host(cluster: Cluster) -> None:
+    """The master stores the client's address a relaying slave names (not the slave's own
+    connection), and ignores that claim from anyone but a slave it streams to."""
+    ns = cluster.namesrv()
+    master = cluster.broker(ns.addr, name="broker-h")
+    slave = cluster.broker(ns.addr, name="broker-h", broker_id=1, role="SLAVE", haMasterAddress=ha_addr(master))
+    poll(lambda: slave.status()["relay"]["target"] == master.addr, 20, what="slave follows, relay target known")
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=1)
+    ext = {"producerGroup": "PG_BORN", "topic": TOPIC, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+           "queueId": "0", "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+           "properties": "WAIT\x01true\x02"}
+    # From 127.0.0.2: neither the slave (127.0.0.1) nor any HA peer of the master.
+    resp, client_port = _send_from("127.0.0.2", slave, ext, b"relayed")
+    assert resp.code == ResponseCode.SUCCESS, resp
+    assert slave.status()["relay"]["relayed"] == 1
+    assert _born_host(master, resp.ext_fields["msgId"]) == ("127.0.0.2", client_port)
+    # A client naming another address itself is not believed.
+    resp, client_port = _send_from("127.0.0.2", master, {**ext, wire.RELAYED_FOR: "10.9.8.7:1234"}, b"direct")
+    assert resp.code == ResponseCode.SUCCESS, resp
+    assert _born_host(master, resp.ext_fields["msgId"]) == ("127.0.0.2", client_port)

@@ -145,6 +145,7 @@ class HAConnection(asyncio.Protocol):
         self.service = service
         self.transport: asyncio.Transport | None = None
         self.address = "?"
+        self.host = "?"
         self.request_offset = -1  # first report: where to start streaming
         self.acked_offset = 0
         self.last_ack_time = time.time()
@@ -168,6 +169,7 @@ class HAConnection(asyncio.Protocol):
         self.transport = tr = cast(asyncio.Transport, transport)
         peer = tr.get_extra_info("peername")
         self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.host = str(peer[0]) if isinstance(peer, tuple) else self.address
         tr.set_write_buffer_limits(high=WRITE_CHUNK)
         sock = tr.get_extra_info("socket")
         if sock is not None:
@@ -526,6 +528,10 @@ class HAService:
         return {"samples": n, "p50": round(samples[n // 2] * 1000, 3),
                 "p99": round(samples[min(n - 1, (n * 99) // 100)] * 1000, 3),
                 "max": round(samples[-1] * 1000, 3)}
+
+    def streams_to(self, host: str) -> bool:
+        """Whether a slave on ``host`` follows this master now (it reported where it is)."""
+        return any(c.host == host and c.request_offset >= 0 and not c.closed for c in self.connections)
 
     def serving(self) -> bool:
         """Whether slaves may follow this broker now (it is a master)."""

@@ -20,6 +20,10 @@ def _noop() -> None:
     return None
 
 
+def _never(_host: str) -> bool:
+    return False
+
+
 @dataclass
 class BrokerContext:
     settings: BrokerSettings
@@ -37,6 +41,9 @@ class BrokerContext:
     broker_id: int = -1
     # A slave forwards clients' writes to its master (relaySendsToMaster); None: refused here.
     relay: WriteRelay | None = None
+    # Whether a peer host is one of the slaves this master streams to: the writes they relay name
+    # the client's address as the born host (RELAYED_FOR); anyone else's claim is ignored.
+    relays_from: Callable[[str], bool] = _never
 
     def __post_init__(self) -> None:
         if not self.role:

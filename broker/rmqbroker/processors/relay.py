@@ -8,10 +8,12 @@ forwards such a request there and hands back the master's answer: the client see
 broker demoted moments ago (a hand-over under way) waits briefly for its new master rather than
 refusing at once, so a planned hand-over pauses sends instead of failing them.
 
-The forwarded request is the client's own (its ACL signature still verifies: the marker added is
-not signed) and carries :data:`~rmqbroker.remoting.wire.RELAYED_BY`, so a broker that gets it
+The forwarded request is the client's own (its ACL signature still verifies: the markers added
+are not signed) and carries :data:`~rmqbroker.remoting.wire.RELAYED_BY`, so a broker that gets it
 while being a slave itself refuses it instead of forwarding again: no loops. The ACL check ran
-here first, with the client's own address; the master sees this broker as the born host.
+here first, with the client's own address. :data:`~rmqbroker.remoting.wire.RELAYED_FOR` names the
+client's address, which the master stores as the message's born host when the request comes from
+one of the slaves it streams to (anyone else's claim is ignored).
 """
 
 from __future__ import annotations
@@ -54,18 +56,19 @@ class WriteRelay:
         self.relayed = 0
         self.failed = 0
 
-    def forward(self, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None] | None:
-        """The master's answer to ``cmd``, or None to handle it here (it was relayed to us)."""
+    def forward(self, cmd: RemotingCommand, client: str) -> Awaitable[RemotingCommand | None] | None:
+        """The master's answer to ``cmd`` from ``client`` (host:port), or None to handle it here
+        (it was relayed to us)."""
         if wire.RELAYED_BY in cmd.ext_fields:
             return None
-        return self._forward(cmd)
+        return self._forward(cmd, client)
 
     def _target(self) -> str | None:
         master = self._master()
         # A former master may still hold its own address as the last master it learned.
         return None if master == self._own_addr else master
 
-    async def _forward(self, cmd: RemotingCommand) -> RemotingCommand | None:
+    async def _forward(self, cmd: RemotingCommand, client: str) -> RemotingCommand | None:
         started = time.monotonic()
         master = self._target()
         if master is None:
@@ -77,7 +80,8 @@ class WriteRelay:
                     master = self._target()
         if master is None:
             return self._refused(cmd, "this broker is a SLAVE following no master now")
-        relayed = RemotingCommand(cmd.code, ext_fields={**cmd.ext_fields, wire.RELAYED_BY: self._own_addr},
+        relayed = RemotingCommand(cmd.code, ext_fields={**cmd.ext_fields, wire.RELAYED_BY: self._own_addr,
+                                                        wire.RELAYED_FOR: client},
                                   body=cmd.body, language=cmd.language, version=cmd.version)
         try:
             if cmd.flag & FLAG_ONEWAY:

@@ -296,6 +296,21 @@ class SendMessageProcessor:
         self._check_properties(topic, props_raw, props, None)
         return self._topic_config(topic, queue_id, default_topic, default_nums, remote)
 
+    def _relayed_born_host(self, peer_host: str, client: str, own: tuple[str, int]) -> tuple[str, int]:
+        """The client address a relaying slave names (host:port), when that slave is one this
+        master streams to; else ``own``, the connection's address: a client cannot pick its born host."""
+        if not self.ctx.relays_from(peer_host):
+            return own
+        host, sep, port_s = client.rpartition(":")
+        try:
+            rec.ip_to_bytes(host)
+            port = int(port_s)
+        except ValueError:
+            return own
+        if not sep or not 0 <= port <= 65535:
+            return own
+        return (host, port)
+
     def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer | None]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
 
@@ -304,7 +319,7 @@ class SendMessageProcessor:
         """
         ctx = self.ctx
         if ctx.role == "SLAVE" and ctx.relay is not None:
-            relayed = ctx.relay.forward(cmd)
+            relayed = ctx.relay.forward(cmd, conn.remote_addr)
             if relayed is not None:
                 return relayed
         # Decode the whole header before acting on any of it (as Java's decodeCommandCustomHeader does):
@@ -362,6 +377,9 @@ class SendMessageProcessor:
                 props_string = None
             props[CLUSTER] = self._cluster
             born_host = (conn.remote_host, conn.remote_port)
+            relayed_for = cmd.ext_fields.get(wire.RELAYED_FOR)
+            if relayed_for is not None:
+                born_host = self._relayed_born_host(conn.remote_host, relayed_for, born_host)
             store = self.ctx.store
             if entries is not None:
                 result = store.append_messages(MessageBatchInner(
@@ -491,7 +509,7 @@ class SendMessageProcessor:
     async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         ctx = self.ctx
         if ctx.role == "SLAVE" and ctx.relay is not None:
-            relayed = ctx.relay.forward(cmd)
+            relayed = ctx.relay.forward(cmd, conn.remote_addr)
             if relayed is not None:
                 return await relayed
         h = Header(cmd.ext_fields)

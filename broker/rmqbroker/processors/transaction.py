@@ -138,7 +138,7 @@ class TransactionService:
     async def end_transaction(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         """Commit or roll back a half message (mostly oneway: the answer then goes nowhere)."""
         if self.ctx.role == "SLAVE" and self.ctx.relay is not None:
-            relayed = self.ctx.relay.forward(cmd)
+            relayed = self.ctx.relay.forward(cmd, conn.remote_addr)
             if relayed is not None:
                 return await relayed
         h = Header(cmd.ext_fields)

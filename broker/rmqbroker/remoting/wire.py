@@ -148,8 +148,10 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
-# --- project: a write a slave relays to its master carries the slave's address (not signed) ---
+# --- project: a write a slave relays to its master carries the slave's address and the client's
+# (host:port as the slave saw it, the message's born host); neither is signed ---
 RELAYED_BY = "rmqRelayedBy"
+RELAYED_FOR = "rmqRelayedFor"
 
 # --- transactions (EndTransactionRequestHeader, CheckTransactionStateRequestHeader) ---
 TRAN_STATE_TABLE_OFFSET = "tranStateTableOffset"
