@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,22 @@ def test_kill9_mid_stream_then_torn_tail_then_corrupt_consume_queue(
         await store.shutdown()
 
     asyncio.run(append_more())
+
+
+def test_consume_queues_lost_after_a_crash_recovery_are_rebuilt_from_the_commitlog(tmp_path: Path) -> None:
+    """A writer is killed, the store recovers and shuts down cleanly; then a whole topic's queues, one
+    queue's directory and the newest file of another are deleted (an operator's mistake).
+    The next start rebuilds exactly them: every acknowledged message is readable again at its offset."""
+    root = tmp_path / "store"
+    acks = run_writer_and_kill(root, "ASYNC_FLUSH", acks_before_kill=400, extra_delay_s=0.0)
+    end, count = asyncio.run(reopen_and_check(root, "ASYNC_FLUSH", acks, expect_clean=False))
+
+    cq_root = root / "consumequeue"
+    shutil.rmtree(cq_root / "T2")
+    shutil.rmtree(cq_root / "T1" / "1")
+    newest_file(cq_root / "T0" / "2").unlink()
+    end2, count2 = asyncio.run(reopen_and_check(root, "ASYNC_FLUSH", acks, expect_clean=True))
+    assert (end2, count2) == (end, count)
 
 
 @pytest.mark.parametrize(("name", "content"), [("config/consumerOffset.json", ""),

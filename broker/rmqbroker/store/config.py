@@ -104,6 +104,10 @@ class StoreConfig:
         return self.store_path_root_dir / "indexGap.json"
 
     @property
+    def queue_summary_path(self) -> Path:
+        return self.store_path_root_dir / "consumeQueueSummary.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.store_path_root_dir / "lock"
 

@@ -109,6 +109,27 @@ class ConsumeQueue:
         self.min_logic_offset = self._first_real_offset()
         return clean
 
+    def reset(self) -> None:
+        """Forget every unit, files included (a queue about to be rebuilt from the commitlog)."""
+        self.mfq.destroy()
+        self._last = None
+        self.min_logic_offset = 0
+        self.max_phy_end = 0
+
+    def fill_blanks_to(self, logical: int) -> None:
+        """Give an empty queue the offsets of one whose records are all gone: blank units up to
+        ``logical``, which becomes both its min and max offset (as RocketMQ's queues start when
+        created at a non-zero offset), so its next message gets the queue offset its consumers
+        expect rather than 0 again."""
+        if self._last is not None or logical <= 0:
+            return
+        pos = logical * CQ_STORE_UNIT_SIZE
+        # The file holding the last blank: an empty file at a boundary would read as damage at load.
+        start = (pos - 1) // self.file_size * self.file_size
+        self.mfq.create_file(start).append(BLANK_UNIT * ((pos - start) // CQ_STORE_UNIT_SIZE))
+        self._last = self.mfq.last_file
+        self.min_logic_offset = logical
+
     def _drop_empty_tail(self) -> None:
         """Delete a trailing file without units so an empty file always means damage at load."""
         last = self.mfq.last_file
@@ -344,6 +365,11 @@ class ConsumeQueue:
         if left_time < 0:
             return right
         return left if abs(timestamp - left_time) <= abs(time_at(right) - timestamp) else right
+
+    def first_phy(self) -> int:
+        """Commitlog offset of the first non-blank unit from the min offset on (-1: none)."""
+        unit = self.earliest_unit()
+        return unit[0] if unit is not None else -1
 
     def earliest_unit(self) -> tuple[int, int, int] | None:
         """First non-blank unit at or after the min offset."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata.errors import MetadataError
-from rmqbroker.store import deleted_topics, index_gap
+from rmqbroker.store import deleted_topics, index_gap, queue_summary
 from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.config import StoreConfig
@@ -30,6 +30,7 @@ from rmqbroker.store.consume_queue import BLANK_SIZE, CQ_STORE_UNIT_SIZE, UNIT, 
 from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreLockedError
 from rmqbroker.store.index import IndexFile, IndexService
 from rmqbroker.store.mapped_file import MappedFile
+from rmqbroker.store.queue_summary import QueueState, StoreSummary
 from rmqbroker.store.record import (
     BLANK_MAGIC_CODE,
     DELAY,
@@ -387,6 +388,7 @@ class MessageStore:
             self._last_exit_ok = not self._abort.exists()
             self._machine_crashed = not self._last_exit_ok and not self._abort.written_this_boot()
             await asyncio.to_thread(self._load_and_recover)
+            await asyncio.to_thread(self._clear_summary)
             await asyncio.to_thread(self._abort.create)
         except BaseException:
             self._close_files()
@@ -434,6 +436,9 @@ class MessageStore:
             if not fut.done():
                 fut.set_result(False)
         self._flush_waiters.clear()
+        if clean:
+            # Read on the loop (the queues are idle now), written in a worker thread.
+            await asyncio.to_thread(self._save_summary, self._summary())
         self._close_files()
         if clean:
             await asyncio.to_thread(self._abort.remove)
@@ -454,6 +459,29 @@ class MessageStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def _summary(self) -> StoreSummary:
+        queues = tuple(
+            QueueState(topic, qid, cq.min_offset(), cq.max_offset(), cq.first_phy(), cq.max_phy_end)
+            for topic, qs in sorted(self._cqs.items()) for qid, cq in sorted(qs.items()) if cq.max_offset() > 0)
+        index_end = self.index.end_phy if self.index is not None else -1
+        return StoreSummary(self.commitlog.max_offset(), index_end, queues)
+
+    def _save_summary(self, summary: StoreSummary) -> None:
+        path = self.config.queue_summary_path
+        try:
+            queue_summary.save(path, summary)
+        except MetadataError as exc:
+            # Only a lost queue goes unnoticed at the next start, as before the summary existed.
+            log.error("cannot write %s; consume queues lost before the next start will not be rebuilt: %s",
+                      path, exc)
+            self._clear_summary()
+
+    def _clear_summary(self) -> None:
+        try:
+            queue_summary.clear(self.config.queue_summary_path)
+        except MetadataError as exc:
+            log.error("%s; a later start may re-dispatch queues it names needlessly", exc)
 
     def _close_files(self) -> None:
         self.commitlog.close()
@@ -490,6 +518,7 @@ class MessageStore:
             log.warning("abnormal shutdown detected: rescanning the commitlog from %d", scan_start)
         end = self.commitlog.recover(scan_start, self.config.check_crc_on_recover)
         min_phy = self.commitlog.min_offset()
+        summary = self._load_summary(end)
         if self.config.message_index_enable:
             self.index = IndexService(self.config.index_dir, self.config.max_hash_slot_num, self.config.max_index_num)
             durable = self.checkpoint.index_msg_timestamp if self._machine_crashed else None
@@ -515,15 +544,29 @@ class MessageStore:
                 if not self._verify_tail(cq):
                     damaged.append(cq)
                 cq.correct_min_offset(min_phy)
-        damaged_ends = [cq.max_phy_end for cq in damaged]
+        lost = self._find_lost_units(summary, min_phy) if summary is not None else {}
+        # Where each known queue takes records from while its gap is refilled: after its last unit
+        # (its units before that are checked), or from wherever a lost queue's records start.
+        takes_from = {f"{cq.topic}-{cq.queue_id}": cq.max_phy_end for qs in self._cqs.values() for cq in qs.values()}
+        takes_from.update(dict.fromkeys(lost, 0))
+        rebuild_ends = [cq.max_phy_end for cq in damaged if f"{cq.topic}-{cq.queue_id}" not in lost]
+        rebuild_ends += lost.values()
         covered = max((cq.max_phy_end for qs in self._cqs.values() for cq in qs.values()), default=min_phy)
-        dispatch_from = min(covered, *damaged_ends) if damaged_ends else covered
+        dispatch_from = min(covered, *rebuild_ends) if rebuild_ends else covered
         if not self._last_exit_ok:
             dispatch_from = min(dispatch_from, ckpt_start)
         dispatch_from = max(min(dispatch_from, end), min_phy)
         if dispatch_from < end:
             log.info("dispatching commitlog [%d, %d) into consume queues", dispatch_from, end)
-        self._reput_offset = self._dispatch_from(dispatch_from)
+        reached = dispatch_from
+        if dispatch_from < covered:
+            # Records the healthy queues already hold: only the queues missing them get units, so
+            # refilling one queue neither rewrites nor duplicates the others' units.
+            began = time.monotonic()
+            reached = self._dispatch_from(dispatch_from, covered - dispatch_from, takes_from=takes_from)
+            log.info("re-dispatched commitlog [%d, %d) to the queues missing units in %.1f s", dispatch_from,
+                     reached, time.monotonic() - began)
+        self._reput_offset = self._dispatch_from(reached)
         if self._reput_offset != end:
             log.warning("dispatch stopped at %d before the commitlog end %d", self._reput_offset, end)
 
@@ -534,6 +577,57 @@ class MessageStore:
                 if cq.max_offset() > 0:
                     table[f"{topic}-{qid}"] = cq.max_offset()
         self._logics_ts = self.commitlog.last_store_timestamp
+
+    def _load_summary(self, end: int) -> StoreSummary | None:
+        """The summary the last clean shutdown wrote, if it still describes this commitlog."""
+        if not self._last_exit_ok:
+            return None  # the queues grew after it was written: the checkpoint guides recovery
+        summary = queue_summary.load(self.config.queue_summary_path)
+        if summary is not None and summary.commitlog_end != end:
+            # Another log (restored, replaced, cut): its queue offsets say nothing about this one.
+            log.warning("%s describes a commitlog ending at %d, this one ends at %d; not using it",
+                        self.config.queue_summary_path, summary.commitlog_end, end)
+            return None
+        return summary
+
+    def _find_lost_units(self, summary: StoreSummary, min_phy: int) -> dict[str, int]:
+        """Queues that lost units since the clean shutdown ``summary`` describes, compared with what
+        recovery found on disk: ``topic-queueId`` -> commitlog offset from which their records are
+        dispatched again. A queue missing, or missing its first units, is emptied and rebuilt
+        whole: its units keep the queue offsets the records carry, so consumers' committed offsets
+        still mean the same messages. A queue cut short is refilled from its last unit on."""
+        lost: dict[str, int] = {}
+        for q in summary.queues:
+            key = f"{q.topic}-{q.queue_id}"
+            cq = self._find_cq(q.topic, q.queue_id)
+            held = cq.max_offset() if cq is not None else 0
+            if q.phy_end <= min_phy:
+                # Every record is gone: nothing to rebuild, but the queue keeps its offsets.
+                if held < q.max_offset:
+                    log.warning("consume queue %s lost its files; its records are all deleted, it keeps "
+                                "offset %d", key, q.max_offset)
+                    cq = self._get_or_create_cq(q.topic, q.queue_id)
+                    cq.reset()
+                    cq.fill_blanks_to(q.max_offset)
+                continue
+            if cq is None or held == 0:
+                why = "is missing"
+            elif cq.min_offset() > q.min_offset and q.first_phy >= min_phy:
+                why = f"starts at offset {cq.min_offset()}, not {q.min_offset}"
+            elif held < q.max_offset:
+                log.warning("consume queue %s ends at offset %d, not %d; refilling it from commitlog offset %d",
+                            key, held, q.max_offset, cq.max_phy_end)
+                lost[key] = cq.max_phy_end
+                continue
+            else:
+                continue
+            start = max(q.first_phy, min_phy)
+            log.warning("consume queue %s %s (offsets [%d, %d) at the last shutdown); rebuilding it from "
+                        "commitlog offset %d", key, why, q.min_offset, q.max_offset, start)
+            if cq is not None:
+                cq.reset()
+            lost[key] = start
+        return lost
 
     def _load_consume_queues(self) -> list[ConsumeQueue]:
         root = self.config.consume_queue_dir
@@ -609,10 +703,12 @@ class MessageStore:
         stopped = self._dispatch_from(start, index_only=True)
         log.warning("indexed commitlog [%d, %d) again in %.1f s", start, stopped, time.monotonic() - began)
 
-    def _dispatch_from(self, start: int, budget: int | None = None, index_only: bool = False) -> int:
+    def _dispatch_from(self, start: int, budget: int | None = None, index_only: bool = False,
+                       takes_from: dict[str, int] | None = None) -> int:
         """Build consume-queue units (and index entries) for complete records from ``start`` (at most
         ``budget`` bytes of them when given); returns where it stopped (always a record boundary).
-        ``index_only`` builds index entries alone."""
+        ``index_only`` builds index entries alone. With ``takes_from`` (``topic-queueId`` -> commitlog
+        offset) a record gets its unit only from its queue's offset on (queues not named: always)."""
         mfq = self.commitlog.mfq
         mf = mfq.find_file(start)
         if mf is None:
@@ -639,10 +735,15 @@ class MessageStore:
                         break  # the rest of this record has not arrived yet
                     check_record(mf.mm, rel, check_crc=False, limit=wrote)
                     fields = dispatch_fields(mf.mm, rel)
+                phy = mf.file_from_offset + rel
                 if index_only:
-                    self._index_record(mf.file_from_offset + rel, fields[1], fields[5], fields[4], fields[6])
+                    self._index_record(phy, fields[1], fields[5], fields[4], fields[6])
+                elif takes_from is not None and phy < takes_from.get(f"{fields[1]}-{fields[2]}", 0):
+                    # Its queue holds it already: only the index may still lack it.
+                    self.commitlog.last_store_timestamp = fields[5]
+                    self._index_record(phy, fields[1], fields[5], fields[4], fields[6])
                 else:
-                    self._dispatch_one(mf.file_from_offset + rel, fields)
+                    self._dispatch_one(phy, fields)
                 rel += fields[0]
         except CorruptRecordError as exc:
             log.error("cannot dispatch the commitlog past %d: %s", mf.file_from_offset + rel, exc)
