@@ -528,6 +528,13 @@ class MessageStore:
             if gap is not None and gap < end:
                 log.warning("records from commitlog offset %d were stored but not indexed; indexing them now", gap)
                 reindex_from = gap if reindex_from is None else min(reindex_from, gap)
+            if summary is not None and self.index.end_phy < summary.index_end:
+                # The newest index files are gone (deleted, or lost with a disk): their records are
+                # indexed again from the newest record the remaining files hold.
+                index_from = max(self.index.end_phy, min_phy)
+                log.warning("the index ends at commitlog offset %d but reached %d at the last shutdown; "
+                            "indexing the records from %d again", self.index.end_phy, summary.index_end, index_from)
+                reindex_from = index_from if reindex_from is None else min(reindex_from, index_from)
             if reindex_from is not None:
                 self._reindex(max(reindex_from, min_phy), end)  # a failure here sets the gap again
             if gap is not None and self._index_gap < 0:

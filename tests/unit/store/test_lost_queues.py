@@ -1,17 +1,18 @@
-"""Consume queues lost while the commitlog still holds their records are rebuilt from it at start,
-with the queue offsets the records carry; the other queues are left as they are."""
+"""Consume queues and index files lost while the commitlog still holds their records are rebuilt
+from it at start, with the queue offsets the records carry; the other queues are left as they are."""
 
 from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.message_store import SCHEDULE_TOPIC, MessageBatchInner, MessageStore
-from rmqbroker.store.record import TRANSACTION_PREPARED_TYPE, BatchEntry, encode_batch_body
+from rmqbroker.store.record import TRANSACTION_PREPARED_TYPE, BatchEntry, decode_record, encode_batch_body
 from tests.unit.store.consistency import assert_store_consistent
 from tests.unit.store.test_message_store import SEG, bodies, make_config, msg
 
@@ -202,5 +203,29 @@ async def test_a_slave_rebuilds_a_lost_queue_from_what_it_replicated(tmp_path: P
         assert again.get_min_offset_in_queue("T1", 1) == lo
         assert again.get_consume_queue_units("T1", 1, lo, 1000) == units
         assert_store_consistent(again)
+    finally:
+        await again.shutdown()
+
+
+async def test_lost_newest_index_files_are_built_again(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "store", max_hash_slot_num=5, max_index_num=50)  # 49 keys a file
+    store = MessageStore(cfg)
+    await store.start()
+    for i in range(100):
+        store.append_message(msg("Orders", i % 3, b"order %d" % i, KEYS=f"order-{i}"))
+    await store.shutdown()
+    files = sorted(cfg.index_dir.iterdir())
+    assert len(files) == 3
+    files[-1].unlink()
+    files[-2].unlink()
+
+    again = MessageStore(cfg)
+    await again.start()
+    try:
+        now = int(time.time() * 1000) + 1000
+        for i in (0, 48, 49, 98, 99):
+            got = again.query_message("Orders", f"order-{i}", 64, 0, now).records
+            assert [decode_record(r).body for r in got] == [b"order %d" % i], i
+        assert again.index is not None and sum(f.count - 1 for f in again.index.files) == 100
     finally:
         await again.shutdown()
