@@ -160,7 +160,8 @@ class Broker:
                                                parse_delay_levels(settings.messageDelayLevel))
         self.supervisor = Supervisor()
         self.epochs = EpochStore(config_dir)
-        self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed)
+        self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed,
+                                                 self.request_register)
         self.ctx.relays_from = self.replication.ha.streams_to
         if settings.relaySendsToMaster:
             self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,

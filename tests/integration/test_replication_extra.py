@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,26 @@ def test_slave_follows_master_changed_in_nameserver(cluster: Cluster) -> None:
     for i in range(30):
         assert send_raw(s1.addr, "FollowTopic", f"after-{i}".encode() * 10).code == ResponseCode.SUCCESS
     assert_commitlogs_identical(s1, [s2])
+
+
+def test_slaves_follow_a_hand_over_well_before_the_registration_period(cluster: Cluster) -> None:
+    """A hand-over by hand (POST /role: demote A, promote S1) with nameserver discovery and the
+    default registerNameServerPeriod (30 s): S2's master (A) refuses it as a SLAVE, and S2 asks
+    the nameserver again at once instead of at its next periodic registration; so does A."""
+    ns = cluster.namesrv()
+    a, s1, s2 = group(cluster, ns.addr, 3, direct=False)
+    create_topic_and_wait(a.addr, ns.addr, "HandTopic")
+    poll(lambda: follows(s1, a) and follows(s2, a), 30, what="slaves learned A's HA address")
+    # Registered up to 3 s ago: the next periodic registration is >= 25 s away.
+    set_role(a, "SLAVE", 1, 1)
+    set_role(s1, "ASYNC_MASTER", 0, 1)
+    started = time.monotonic()
+    poll(lambda: follows(s2, s1) and follows(a, s1), 15, what="S2 and the demoted A follow S1")
+    assert time.monotonic() - started < 15
+    assert s2.status()["metadataSync"]["masterAddress"] == s1.addr
+    for i in range(20):
+        assert send_raw(s1.addr, "HandTopic", f"after-{i}".encode()).code == ResponseCode.SUCCESS
+    wait_caught_up(s1, [a, s2])
 
 
 def _json_file(path: Path) -> Any:

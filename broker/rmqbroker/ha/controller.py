@@ -23,6 +23,9 @@ from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
 
+# A slave that learns its master from the nameserver and cannot follow it asks the nameserver
+# again (a registration) at most this often: as often as a slave whose answer named no master.
+MASTER_LOST_REGISTER_SECONDS = 3.0
 # A promotion slower than this logs how long each of its steps took.
 SLOW_PROMOTION_SECONDS = 1.0
 # The last metadata round of a hand-over's promotion waits at most this long for the old master.
@@ -45,7 +48,7 @@ class ReplicationController:
     """HA master listener (always on), slave-side HA client and metadata sync (slaves only)."""
 
     def __init__(self, ctx: BrokerContext, settings: BrokerSettings, epochs: EpochStore, api: BrokerOuterApi,
-                 on_role_change: Callable[[str], None]) -> None:
+                 on_role_change: Callable[[str], None], request_register: Callable[[], None] | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self.epochs = epochs
@@ -66,13 +69,15 @@ class ReplicationController:
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
                                   housekeeping_interval=settings.haHousekeepingInterval / 1000,
-                                  epochs=epochs, truncate=self._truncate)
+                                  epochs=epochs, truncate=self._truncate, on_master_lost=self._master_lost)
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
             on_topic_deleted=self.store.delete_topic_queues, on_master_deletions=self.store.apply_topic_deletions)
         # An explicitly configured or injected master is not overridden by the nameserver.
         self.pinned_master = bool(settings.haMasterAddress)
+        self._request_register = request_register
+        self._master_lost_asked = float("-inf")  # monotonic time of the last registration it asked for
         self._lock = asyncio.Lock()
         # When (monotonic) this broker last stopped being a master (a slave relaying writes waits
         # for its new master shortly after; processors/relay.py).
@@ -122,6 +127,20 @@ class ReplicationController:
             self.metadata_sync.set_master(master_addr)
         if master_ha_addr and not self.pinned_master:
             self.ha_client.set_master(master_ha_addr)
+
+    def _master_lost(self, addr: str) -> None:
+        """The HA client could not follow ``addr``. With NameServer discovery the master may have
+        changed (a promotion, a failover: the old master refuses as a SLAVE, or is gone), and only a
+        registration's answer tells: ask now rather than at the next periodic registration
+        (registerNameServerPeriod, 30 s), during which this slave would replicate nothing."""
+        if self.pinned_master or not self.ctx.is_slave or self._request_register is None:
+            return
+        now = time.monotonic()
+        if now - self._master_lost_asked < MASTER_LOST_REGISTER_SECONDS:
+            return
+        self._master_lost_asked = now
+        log.info("cannot follow master %s; asking the nameserver which broker is master now", addr)
+        self._request_register()
 
     async def repoint(self, ha_addr: str, broker_addr: str | None, epoch: int | None) -> None:
         """POST /ha/master: follow another master without a restart."""

@@ -462,9 +462,13 @@ class HAClient:
 
     def __init__(self, store: MessageStore, master_addr: str | None, *, heartbeat_interval: float = 5.0,
                  housekeeping_interval: float = 20.0, epochs: EpochStore | None = None,
-                 truncate: Callable[[int], None] | None = None) -> None:
+                 truncate: Callable[[int], None] | None = None,
+                 on_master_lost: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.master_addr = master_addr
+        # Called with the address after each attempt to follow it that failed (unreachable,
+        # silent, refused: e.g. a SLAVE now), unless a re-point already names another master.
+        self._on_master_lost = on_master_lost
         self.heartbeat_interval = heartbeat_interval
         self.housekeeping_interval = housekeeping_interval
         self.epochs = epochs
@@ -592,13 +596,16 @@ class HAClient:
             if not addr:
                 await self._wait_change(5.0)
                 continue
+            failed = True
             try:
                 await self._follow(addr)
                 backoff = 0.5
+                failed = False
             except LegacyMasterError:
                 log.warning("HA master %s does not know the epoch handshake (an Apache RocketMQ 4.x master?): "
                             "reconnecting to follow it as a RocketMQ slave does, without epoch checks", addr)
                 self._legacy_next = addr
+                failed = False
                 continue
             except (OSError, ConnectionError, TimeoutError) as exc:
                 log.warning("HA connection to %s failed: %s", addr, exc)
@@ -619,6 +626,8 @@ class HAClient:
                 self.local_address = None
             if self._changed.is_set():
                 continue
+            if failed and self._on_master_lost is not None:
+                self._on_master_lost(addr)
             await self._wait_change(backoff)
             backoff = min(backoff * 2, 5.0)
 
