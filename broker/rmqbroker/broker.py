@@ -331,11 +331,16 @@ class Broker:
         results = await self.outer.register_broker_all(
             s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
             broker_name=s.brokerName, broker_id=self.ctx.broker_id, ha_server_addr=s.ha_server_addr,
-            topic_config_wrapper=wrapper)
+            topic_config_wrapper=wrapper, epoch=self.epochs.epoch)
         if results:
             self.registered = True
             self.master_addr = next((r.master_addr for r in results if r.master_addr), None)
             self.master_ha_addr = next((r.ha_server_addr for r in results if r.ha_server_addr), None)
+            if not self.ctx.is_slave and self.master_addr and self.master_addr != s.broker_addr:
+                # The nameserver keeps a master of a newer epoch at brokerId 0 (this one hung or was
+                # cut off through a failover): clients are not routed here; a demotion follows.
+                log.warning("the nameserver routes brokerId 0 of %s to %s, a master of a newer epoch than this "
+                            "broker's (%d)", s.brokerName, self.master_addr, self.epochs.epoch)
             self.replication.on_registration(self.master_addr, self.master_ha_addr)
         return len(results) == len(s.namesrv_addrs)
 

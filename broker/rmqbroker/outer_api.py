@@ -50,6 +50,7 @@ class BrokerOuterApi:
         broker_id: int,
         ha_server_addr: str,
         topic_config_wrapper: dict[str, Any],
+        epoch: int | None = None,
         oneway: bool = False,
     ) -> list[RegisterResult]:
         body = json.dumps({"filterServerList": [], "topicConfigSerializeWrapper": topic_config_wrapper},
@@ -63,6 +64,8 @@ class BrokerOuterApi:
             wire.COMPRESSED: "false",
             wire.BODY_CRC32: str(body_crc(body)),
         }
+        if epoch is not None:
+            ext[wire.EPOCH] = str(epoch)
 
         async def one(addr: str) -> RegisterResult | None:
             cmd = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=dict(ext), body=body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,51 @@ def test_slaves_follow_a_hand_over_well_before_the_registration_period(cluster: 
     assert s2.status()["metadataSync"]["masterAddress"] == s1.addr
     for i in range(20):
         assert send_raw(s1.addr, "HandTopic", f"after-{i}".encode()).code == ResponseCode.SUCCESS
+    wait_caught_up(s1, [a, s2])
+
+
+def _messages_on(broker: BrokerProc, topic: str, queues: int = 4) -> int:
+    return sum(int(rpc(broker.addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(q)})
+                   .ext_fields["offset"]) for q in range(queues))
+
+
+def test_resumed_old_master_does_not_take_broker_id_0_back(cluster: Cluster) -> None:
+    """A master hung (SIGSTOP) through a failover registers as brokerId 0 again the moment it resumes
+    (its registration was due meanwhile), before anything demotes it. The nameserver keeps the
+    master promoted at the newer epoch at brokerId 0: a client reading routes then must not be sent
+    to the old master, whose SEND_OKs are truncated away once it is demoted and follows the new
+    one; and the demotion must not leave the route without a brokerId 0."""
+    ns = cluster.namesrv()
+    a, s1, s2 = group(cluster, ns.addr, 3, direct=False, registerNameServerPeriod=10000)
+    create_topic_and_wait(a.addr, ns.addr, "StaleTopic")
+    poll(lambda: follows(s1, a) and follows(s2, a), 30, what="slaves learned A's HA address")
+    for i in range(10):
+        assert send_raw(a.addr, "StaleTopic", f"before-{i}".encode()).code == ResponseCode.SUCCESS
+    wait_caught_up(a, [s1, s2])
+
+    a.signal(signal.SIGSTOP)
+    try:
+        for s in (s1, s2):
+            code, body = s.admin("/ha/fence", "POST", json.dumps({"epoch": 1}).encode())
+            assert code == 200, body
+        set_role(s1, "ASYNC_MASTER", 0, 1)
+        poll(lambda: (broker_addrs(ns.addr, "StaleTopic") or {}).get("0") == s1.addr, 10,
+             what="nameserver lists S1 as brokerId 0")
+        time.sleep(11)  # A's next registration falls due while it is stopped
+    finally:
+        a.signal(signal.SIGCONT)
+    # A re-registers (as brokerId 0, at epoch 0) as soon as it runs again.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert (broker_addrs(ns.addr, "StaleTopic") or {}).get("0") == s1.addr, "the resumed old master took brokerId 0"
+        time.sleep(0.1)
+    results = produce(ns.addr, [message("StaleTopic", f"after-{i}") for i in range(10)])
+    assert all(r is not None and r["status"] == 0 for r in results), results  # SEND_OK
+    set_role(a, "SLAVE", 1, 1)
+    poll(lambda: broker_addrs(ns.addr, "StaleTopic") == {"0": s1.addr, "1": a.addr, "2": s2.addr}, 5,
+         what="route lists S1 as brokerId 0 and the demoted A as brokerId 1")
+    poll(lambda: follows(a, s1) and follows(s2, s1), 15, what="A and S2 follow S1")
+    assert _messages_on(s1, "StaleTopic") == 20  # every SEND_OK is on the master
     wait_caught_up(s1, [a, s2])
 
 

@@ -186,6 +186,7 @@ class NamesrvProcessor:
             data_version=version,
             topics=topics if body else None,
             connection_id=conn.id,
+            epoch=epoch if (epoch := h.opt_int(wire.EPOCH, -1, 0)) >= 0 else None,
         )
         if conn.id not in self._watched:
             self._watched.add(conn.id)

@@ -54,6 +54,8 @@ class BrokerLiveInfo:
     data_version: dict[str, Any]
     connection_id: int
     ha_server_addr: str
+    # The replication epoch the broker registered with (this project's brokers; None: a Java broker).
+    epoch: int | None = None
 
 
 @dataclass(slots=True)
@@ -99,9 +101,13 @@ class RouteInfoManager:
         data_version: dict[str, Any] | None,
         topics: list[TopicConfigLite] | None,
         connection_id: int,
+        epoch: int | None = None,
         now: float | None = None,
     ) -> RegisterResult:
         now = time.monotonic() if now is None else now
+        stale = self._superseded_master(broker_name, broker_addr, broker_id, epoch)
+        if stale is not None:
+            return stale
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
         broker_data = self.broker_addr_table.get(broker_name)
         register_first = broker_data is None
@@ -131,6 +137,7 @@ class RouteInfoManager:
             data_version=dict(data_version or {}),
             connection_id=connection_id,
             ha_server_addr=ha_server_addr,
+            epoch=epoch,
         )
         if broker_id != MASTER_ID:
             master_addr = broker_data.broker_addrs.get(MASTER_ID)
@@ -139,6 +146,32 @@ class RouteInfoManager:
                 if master_live is not None:
                     return RegisterResult(master_live.ha_server_addr, master_addr)
         return RegisterResult(None, None)
+
+    def _superseded_master(self, broker_name: str, broker_addr: str, broker_id: int,
+                           epoch: int | None) -> RegisterResult | None:
+        """A master's registration that must not take brokerId 0 from the live master holding it,
+        registered at a newer epoch; None: it may (Java's rule, the last registration wins).
+
+        A master that hung through a failover registers as brokerId 0 again as soon as it runs
+        (its period passed meanwhile), before anything demotes it: the last registration winning
+        would route clients to it (its SEND_OKs are truncated once it follows the new master) and,
+        once it is demoted and registers as a slave, leave no brokerId 0 until the new master's
+        next registration. Only a lower epoch than the holder's is refused: the same epoch at a
+        new address is the same master moved (a rescheduled pod), and either side without an
+        epoch is a Java broker."""
+        if broker_id != MASTER_ID or epoch is None:
+            return None
+        broker_data = self.broker_addr_table.get(broker_name)
+        holder = broker_data.broker_addrs.get(MASTER_ID) if broker_data is not None else None
+        if holder is None or holder == broker_addr:
+            return None
+        live = self.broker_live_table.get(holder)
+        if live is None or live.epoch is None or epoch >= live.epoch:
+            return None
+        log.warning("broker %s registered as master of %s at epoch %d; %s, master at epoch %d, keeps brokerId 0",
+                    broker_addr, broker_name, epoch, holder, live.epoch)
+        # Answered with the current master, as a slave would be: the old master logs it.
+        return RegisterResult(live.ha_server_addr, holder)
 
     def _update_queue_data(self, broker_name: str, topics: list[TopicConfigLite]) -> None:
         # Create/replace only, as RocketMQ 4.9's createAndUpdateQueueData: a topic missing from a

@@ -153,6 +153,10 @@ UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 RELAYED_BY = "rmqRelayedBy"
 RELAYED_FOR = "rmqRelayedFor"
 
+# --- project: a broker's REGISTER_BROKER carries its replication epoch; the nameserver keeps a
+# master of a newer epoch at brokerId 0 against an older master's registration (Java ignores it) ---
+EPOCH = "rmqEpoch"
+
 # --- transactions (EndTransactionRequestHeader, CheckTransactionStateRequestHeader) ---
 TRAN_STATE_TABLE_OFFSET = "tranStateTableOffset"
 COMMIT_LOG_OFFSET = "commitLogOffset"
