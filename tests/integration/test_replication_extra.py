@@ -125,6 +125,26 @@ def test_slaves_follow_a_hand_over_well_before_the_registration_period(cluster: 
     wait_caught_up(s1, [a, s2])
 
 
+def test_promoted_then_demoted_slave_asks_the_nameserver_again(cluster: Cluster) -> None:
+    """A re-point (POST /ha/master, as rmq-local and the operator send after a failover) names the
+    master a slave follows, over the nameserver's answers. Once that slave is promoted the re-point
+    is spent: demoted again later, it follows the master the nameserver names, not the broker it
+    was re-pointed at long ago (a slave by then, which refuses it)."""
+    ns = cluster.namesrv()
+    a, s1, s2 = group(cluster, ns.addr, 3, direct=False)
+    create_topic_and_wait(a.addr, ns.addr, "PinTopic")
+    poll(lambda: follows(s1, a) and follows(s2, a), 30, what="slaves learned A's HA address")
+    code, body = s1.admin("/ha/master", "POST", json.dumps({"haAddress": ha_addr(a), "brokerAddress": a.addr}).encode())
+    assert code == 200, body
+    set_role(a, "SLAVE", 1, 1)
+    set_role(s1, "ASYNC_MASTER", 0, 1)
+    poll(lambda: follows(a, s1) and follows(s2, s1), 15, what="A and S2 follow S1")
+    set_role(s1, "SLAVE", 3, 2)
+    set_role(s2, "ASYNC_MASTER", 0, 2)
+    poll(lambda: follows(s1, s2) and follows(a, s2), 15, what="S1 and A follow S2")
+    assert s1.status()["metadataSync"]["masterAddress"] == s2.addr
+
+
 def _messages_on(broker: BrokerProc, topic: str, queues: int = 4) -> int:
     return sum(int(rpc(broker.addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(q)})
                    .ext_fields["offset"]) for q in range(queues))

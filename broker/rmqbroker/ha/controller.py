@@ -74,7 +74,8 @@ class ReplicationController:
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
             on_topic_deleted=self.store.delete_topic_queues, on_master_deletions=self.store.apply_topic_deletions)
-        # An explicitly configured or injected master is not overridden by the nameserver.
+        # An explicitly configured or injected master is not overridden by the nameserver (an
+        # injected one only until this broker is promoted).
         self.pinned_master = bool(settings.haMasterAddress)
         self._request_register = request_register
         self._master_lost_asked = float("-inf")  # monotonic time of the last registration it asked for
@@ -269,6 +270,10 @@ class ReplicationController:
             log.warning("slow promotion: %s", timings)
         # Acks this broker took as a master of an earlier term say nothing about the new one.
         self.ha.group_transfer.reset()
+        # A re-point named the master to follow as a slave; it is spent now. Demoted later, this
+        # broker follows the master the nameserver names (unless haMasterAddress is configured),
+        # not a broker it was re-pointed at terms ago.
+        self.pinned_master = bool(self.settings.haMasterAddress)
         self.ctx.role = role
         self._apply_role()
         return extra
