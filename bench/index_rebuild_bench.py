@@ -39,15 +39,19 @@ def config(root: Path) -> StoreConfig:
     return StoreConfig(store_path_root_dir=root)
 
 
-async def fill(root: Path, messages: int, body: int) -> None:
+async def fill(root: Path, messages: int, body: int, topics: int = 1, queues: int = 8) -> None:
+    """``messages`` keyed records over ``queues`` queues of topic Orders (``Orders0``... when
+    ``topics`` > 1); also used by startup_bench.py."""
     store = MessageStore(config(root))
     await store.start()
     payload = b"x" * body
     for i in range(messages):
         store.append_message(MessageInner(
-            topic="Orders", queue_id=i % 8, flag=0, body=payload,
-            properties={"UNIQ_KEY": f"0A000001{i:024X}", "KEYS": f"order-{i}", "TAGS": "TagA"},
+            topic="Orders" if topics == 1 else f"Orders{i % topics}", queue_id=(i // topics) % queues, flag=0,
+            body=payload, properties={"UNIQ_KEY": f"0A000001{i:024X}", "KEYS": f"order-{i}", "TAGS": "TagA"},
             born_timestamp=1700000000000, born_host=("10.0.0.5", 50000)))
+        if i % 10000 == 0:
+            await asyncio.sleep(0)  # let the flushers run
     await store.shutdown()
 
 

@@ -26,29 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rmqbroker.store.config import StoreConfig  # noqa: E402
-from rmqbroker.store.message_store import MessageInner, MessageStore  # noqa: E402
+from index_rebuild_bench import config, fill  # noqa: E402  (bench/ is the script's directory)
+from rmqbroker.store.message_store import MessageStore  # noqa: E402
 
 TOPICS = 16
 QUEUES = 8
-
-
-def config(root: Path) -> StoreConfig:
-    return StoreConfig(store_path_root_dir=root)
-
-
-async def fill(root: Path, messages: int, body: int) -> None:
-    store = MessageStore(config(root))
-    await store.start()
-    payload = b"x" * body
-    for i in range(messages):
-        store.append_message(MessageInner(
-            topic=f"Orders{i % TOPICS}", queue_id=(i // TOPICS) % QUEUES, flag=0, body=payload,
-            properties={"UNIQ_KEY": f"0A000001{i:024X}", "KEYS": f"order-{i}", "TAGS": "TagA"},
-            born_timestamp=1700000000000, born_host=("10.0.0.5", 50000)))
-        if i % 10000 == 0:
-            await asyncio.sleep(0)  # let the flushers run
-    await store.shutdown()
 
 
 async def timed_start(root: Path) -> tuple[float, int]:
@@ -75,7 +57,7 @@ async def main() -> None:
     try:
         if not (root / "commitlog").exists():
             began = time.perf_counter()
-            await fill(root, args.messages, args.body)
+            await fill(root, args.messages, args.body, topics=TOPICS, queues=QUEUES)
             print(f"filled {root} with {args.messages} records in {time.perf_counter() - began:.1f} s")
         size = sum(p.stat().st_blocks * 512 for p in (root / "commitlog").iterdir())
         print(f"commitlog on disk: {size / 2**30:.2f} GiB")
