@@ -48,8 +48,10 @@ async def run(root: Path, flush: Literal["ASYNC_FLUSH", "SYNC_FLUSH"]) -> None:
     await store.start()
     print("READY", flush=True)
     seq = 0
+    rounds = 0
     while True:
-        if seq % 10 == 9:
+        rounds += 1
+        if rounds % 3 == 0:  # every third put is a batch
             count = 3
             entries = [BatchEntry(0, body_for(seq + k), f"TAGS\x01Tag{(seq + k) % 5}") for k in range(count)]
             r = await store.put_messages(MessageBatchInner(topic="TB", queue_id=seq % 2,
