@@ -256,10 +256,12 @@ def needed_perms(cmd: RemotingCommand) -> dict[str, int]:
     out: dict[str, int] = {}
     if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
         v1 = code == RequestCode.SEND_MESSAGE
-        topic = ext.get(wire.TOPIC if v1 else wire.V2_TOPIC) or ""
+        # A V2 header's topic as the send path reads it (its letter, else the V1 name): checking
+        # only "b" let a header that also named "topic" store into a topic never checked.
+        topic = (ext.get(wire.TOPIC) if v1 else wire.send_v2_field(ext, wire.V2_TOPIC)) or ""
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             # Java reads "group" from a V1 header, which has none: its retry sends need %RETRY%null.
-            out[_retry(ext.get(wire.GROUP if v1 else wire.V2_PRODUCER_GROUP))] = SUB
+            out[_retry(ext.get(wire.GROUP) if v1 else wire.send_v2_field(ext, wire.V2_PRODUCER_GROUP))] = SUB
         else:
             out[topic] = PUB
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:

@@ -282,3 +282,33 @@ def test_only_an_admin_account_changes_broker_settings(secured: tuple[Namesrv, B
                       "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]) == 0
     assert f"update broker config success, {broker.addr}" in capsys.readouterr().out
     assert permission() == "brokerPermission=4" and "brokerPermission=4\n" in broker.conf_path.read_text()
+
+
+@pytest.mark.parametrize("letters_first", [True, False])
+def test_a_send_v2_header_naming_its_topic_twice_cannot_pass_the_acl_for_another_topic(
+        secured: tuple[Namesrv, BrokerProc], letters_first: bool) -> None:
+    """SEND_MESSAGE_V2 names its topic with the letter ``b``; the broker also reads RocketMQ's V1
+    name ``topic`` when the short header is incomplete. The ACL must check the topic the message
+    is stored in: a producer with PUB on one topic only cannot put ``b`` = that topic and
+    ``topic`` = another (nor leave ``b`` out) and have the message stored in the other one."""
+    _, broker = secured
+    secret = "AclSecret"
+    admin: dict[str, str] = {"topic": secret, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}
+    sign(admin, b"", *ADMIN)
+    assert rpc(broker.addr, RequestCode.UPDATE_AND_CREATE_TOPIC, admin).code == ResponseCode.SUCCESS
+    v2 = {"a": "PG_ACL", "c": "TBW102", "d": "4", "f": "0", "g": "1700000000000", "h": "0", "i": ""}
+    # No "e" (queueId): the V2 fast path gives up and the V1 names are read too.
+    tails = {"topic": secret, "queueId": "0"}
+    headers = [{"b": TOPIC, **v2, **tails} if letters_first else {**tails, "b": TOPIC, **v2},
+               {**v2, **tails}]  # and no "b" at all
+    for ext in headers:
+        sign(ext, b"payload", *PRODUCER)
+        resp = rpc(broker.addr, RequestCode.SEND_MESSAGE_V2, ext, b"payload")
+        assert resp.code != ResponseCode.SUCCESS or ext.get("b") == TOPIC, (ext, resp.code, resp.remark)
+
+    def stored(topic: str) -> int:
+        fields = {"topic": topic, "queueId": "0"}
+        sign(fields, b"", *ADMIN)
+        return int(rpc(broker.addr, RequestCode.GET_MAX_OFFSET, fields).ext_fields["offset"])
+
+    assert stored(secret) == 0, "a message reached a topic the producer has no PUB on"

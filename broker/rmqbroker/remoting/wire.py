@@ -8,6 +8,7 @@ whose body cannot be used raises :class:`BadRequestError`; the server answers an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from rmqbroker.remoting.codes import ResponseCode
@@ -281,5 +282,22 @@ def _parse_int(name: str, value: str, lo: int, hi: int) -> int:
 
 
 def normalize_send_v2(ext: dict[str, str]) -> dict[str, str]:
-    """Map a SEND_MESSAGE_V2 header to V1 field names (unknown keys are kept as they are)."""
-    return {SEND_V2_TO_V1.get(k, k): v for k, v in ext.items()}
+    """Map a SEND_MESSAGE_V2 header to V1 field names (unknown keys are kept as they are).
+
+    A letter wins over its V1 name when a header carries both, whatever their order: the send
+    path's fast decoding reads the letters and the ACL checks the topic and group they name
+    (:func:`send_v2_field`), so a ``topic`` after ``b`` must not pick another topic than the
+    one the ACL allowed."""
+    out = {k: v for k, v in ext.items() if k not in SEND_V2_TO_V1}
+    for letter, name in SEND_V2_TO_V1.items():
+        value = ext.get(letter)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def send_v2_field(ext: Mapping[str, str], letter: str) -> str | None:
+    """One field of a SEND_MESSAGE_V2 header as the send path reads it: its letter, else its V1
+    name (see :func:`normalize_send_v2`)."""
+    value = ext.get(letter)
+    return ext.get(SEND_V2_TO_V1[letter]) if value is None else value
