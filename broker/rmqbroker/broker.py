@@ -181,7 +181,8 @@ class Broker:
         if settings.adminListenPort:
             token = settings.admin_token() or load_or_create_token(settings.store_root / "config" / ADMIN_TOKEN_FILE)
             self.admin = AdminServer(settings.listenHost, settings.adminListenPort, token=token,
-                                     registry=self.registry, status=self.status, ready=self.ready)
+                                     registry=self.registry, status=self.status, ready=self.ready,
+                                     idle_seconds=settings.serverChannelMaxIdleTimeSeconds)
             self.admin.add_route("POST", "/ha/master", self._http_repoint)
             self.admin.add_route("POST", "/ha/fence", self._http_fence)
             self.admin.add_route("POST", "/role", self._http_role)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -173,3 +174,29 @@ def test_open_files_limit_is_raised_and_exported(cluster: Cluster) -> None:
     assert 10 < open_fds < expected
     assert metric_value(text, "process_resident_memory_bytes") > 10 * 1024 * 1024
     assert "open-files limit raised from 256" in broker.log_text()
+
+
+def test_a_request_trickled_byte_by_byte_is_closed_after_the_idle_time(cluster: Cluster) -> None:
+    """Slowloris: a peer that never completes its request's headers (one header line now and
+    then) must not hold a connection, and the file descriptor behind it, for aiohttp's default
+    hour; it is closed after serverChannelMaxIdleTimeSeconds, as on the remoting port."""
+    broker = cluster.broker(None, token=TOKEN, serverChannelMaxIdleTimeSeconds=2)
+    with socket.create_connection(("127.0.0.1", broker.admin_port), timeout=0.1) as s:
+        s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        closed_after: float | None = None
+        while time.monotonic() - started < 10:
+            time.sleep(0.3)
+            try:
+                s.sendall(b"X-Slow: 1\r\n")
+                if s.recv(4096, socket.MSG_DONTWAIT) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except (BlockingIOError, TimeoutError):  # nothing to read yet: still open
+                continue
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None, "the admin endpoint kept a stalled request open for 10 s"
+    assert closed_after < 5, closed_after
+    assert broker.admin("/status")[0] == 200

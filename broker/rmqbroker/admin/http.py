@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# aiohttp's own keep-alive timeout: what a connection that never completes a request is given
+# when the broker's idle limit is off (serverChannelMaxIdleTimeSeconds=0).
+AIOHTTP_KEEPALIVE_SECONDS = 3630.0
 
 
 class _ClientErrorFilter(logging.Filter):
@@ -107,7 +110,9 @@ class AdminServer:
         registry: CollectorRegistry,
         status: Callable[[], dict[str, Any]],
         ready: Callable[[], bool],
+        idle_seconds: float = 0.0,
     ) -> None:
+        """``idle_seconds``: a connection without a complete request this long is closed (0: aiohttp's hour)."""
         if not token:
             raise ValueError("the admin endpoint needs a bearer token")
         self.host = host
@@ -116,6 +121,7 @@ class AdminServer:
         self._registry = registry
         self._status = status
         self._ready = ready
+        self._idle_seconds = idle_seconds if idle_seconds > 0 else AIOHTTP_KEEPALIVE_SECONDS
         self.unauthorized = 0
         self.app = web.Application(middlewares=[self._auth], client_max_size=1024 * 1024)
         self.app.router.add_get("/healthz", self._healthz)
@@ -162,7 +168,11 @@ class AdminServer:
         server_log = logging.getLogger("aiohttp.server")
         if _CLIENT_ERRORS not in server_log.filters:
             server_log.addFilter(_CLIENT_ERRORS)
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # aiohttp closes a connection that completes no request within its keep-alive timeout,
+        # counted from the connection or the last answer, however many bytes trickle in: bounded
+        # like the remoting port's, a peer that sends a header line now and then (slowloris) does
+        # not hold a connection and its file descriptor for aiohttp's default hour.
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self._idle_seconds)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
