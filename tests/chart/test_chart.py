@@ -60,20 +60,21 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "network-policy": NETWORK_POLICY,
     "custom": CUSTOM,
 }
-# Exactly what the operator may do in a namespace it manages: (apiGroup, resource) -> verbs.
+# Exactly what the operator may do in a namespace it manages: (apiGroup, resource) -> verbs. Neither
+# kopf nor k8s.py ever PUTs (no "update") or watches anything but BrokerGroups, or reads one pod.
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
-    ("rmq.brokergroup.dev", "brokergroups"): {"get", "list", "watch", "patch", "update"},
-    ("rmq.brokergroup.dev", "brokergroups/status"): {"get", "patch", "update"},
+    ("rmq.brokergroup.dev", "brokergroups"): {"get", "list", "watch", "patch"},
+    ("rmq.brokergroup.dev", "brokergroups/status"): {"get", "patch"},
     ("apps", "statefulsets"): {"create", "get", "patch", "delete"},
     ("", "services"): {"create", "get", "patch", "delete"},
     ("", "configmaps"): {"create", "get", "patch", "delete"},
     ("", "secrets"): {"create", "get", "delete"},
     ("policy", "poddisruptionbudgets"): {"create", "get", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods"): {"list", "delete"},
     ("", "persistentvolumeclaims"): {"get", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
+    ("batch", "jobs"): {"create", "get", "list", "delete"},
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_WATCH = {("", "namespaces"): {"list", "watch"}}

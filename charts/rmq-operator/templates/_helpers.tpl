@@ -55,12 +55,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Rules the operator needs inside every namespace it manages (least privilege, issue 4). */}}
 {{- define "rmq-operator.namespacedRules" -}}
+# Only merge patches, never PUT (kopf's finalizers and annotations, k8s.py's status): no "update".
 - apiGroups: ["rmq.brokergroup.dev"]
   resources: ["brokergroups"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["rmq.brokergroup.dev"]
   resources: ["brokergroups/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["create", "get", "patch", "delete"]
@@ -75,9 +76,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "get", "patch", "delete"]
+# Pods are listed by label (status, verification reports) and deleted to restart; never watched.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["list", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "patch"]
@@ -86,7 +88,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   verbs: ["create", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create", "get", "list", "watch", "delete"]
+  verbs: ["create", "get", "list", "delete"]
 {{- with .Values.rbac.extraRules }}
 {{ toYaml . }}
 {{- end }}
