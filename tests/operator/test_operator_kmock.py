@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from rmqbroker.properties import parse_properties
+from rmqoperator import controller
 from rmqoperator.builders import CONFIG_HASH_ANNOTATION
 from tests.operator.conftest import example
 from tests.operator.emulator import GROUP, NS, OperatorHarness, condition, wait_for
@@ -172,10 +175,14 @@ def test_a_hand_over_that_cannot_complete_restarts_the_master_in_place(
 
 
 def test_a_hand_over_whose_promotion_answer_is_lost_still_completes(
-        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend], monkeypatch: pytest.MonkeyPatch) -> None:
     """The slave was promoted but its answer lost: the operator asks it and carries on, rather than
     restarting the old master as a second master."""
     h, (runner, fakes) = harness, fake_pods
+    # The operator reads the outcome once the promotion's deadline and the clock skew have passed
+    # (10 s + 5 s); the fake brokers share this machine's clock, so 2 s + 1 s do here.
+    monkeypatch.setattr(controller, "HANDOVER_PROMOTE_MILLIS", 2000)
+    monkeypatch.setattr(controller, "CLOCK_SKEW_SECONDS", 1.0)
     fakes.lost_promotion_answers.add("broker-a-1")
     h.client.apply_group(example(replicas=3))
     wait_ready(h, in_sync=3)
