@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rmqoperator import controller
 from tests.operator.conftest import example, pods_on
 from tests.operator.emulator import OperatorHarness, condition, wait_for
 from tests.operator.podrunner import FakeBackend, FakeBroker, PodRunner
@@ -169,10 +170,13 @@ def pod_images(h: OperatorHarness) -> dict[str, str]:
 
 
 def test_reverting_a_bad_image_replaces_the_pod_it_broke(
-        harness: OperatorHarness, bad_image_pods: tuple[PodRunner, BadImageBackend]) -> None:
+        harness: OperatorHarness, bad_image_pods: tuple[PodRunner, BadImageBackend],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The roll stops at the first pod the bad image broke; the revert replaces that pod (an OnDelete
     StatefulSet never would) and touches no healthy one."""
     h, (runner, _) = harness, bad_image_pods
+    # An outdated pod down this long is replaced ahead of the roll's order: 4 s here, not 15 s.
+    monkeypatch.setattr(controller, "STUCK_SECONDS", 4.0)
     h.client.apply_group(example(replicas=3, image="rmq:good"))
     wait_in_sync(h, 3)
     runner.deleted.clear()
