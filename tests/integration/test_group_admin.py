@@ -42,8 +42,7 @@ def offsets_text(broker: BrokerProc) -> str:
     return path.read_text() if path.exists() else ""
 
 
-@pytest.fixture
-def pair(cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
+def start_pair(cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
     """A master that does not auto-create groups, and a slave syncing its metadata every 0.5 s (it
     learns the master's address from the nameserver, as RocketMQ's slave does)."""
     ns = cluster.namesrv()
@@ -55,6 +54,23 @@ def pair(cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
     create_topic(master.addr, TOPIC, queues=1)
     assert send_raw(master.addr, TOPIC, b"one").code == ResponseCode.SUCCESS
     return master, slave
+
+
+@pytest.fixture
+def pair(cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
+    return start_pair(cluster)
+
+
+@pytest.fixture(scope="module")
+def module_pair(module_cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
+    return start_pair(module_cluster)
+
+
+@pytest.fixture
+def refusing_pair(module_pair: tuple[BrokerProc, BrokerProc], shared_cluster: Cluster) -> tuple[BrokerProc, BrokerProc]:
+    """One pair for the tests of requests refused: a refusal changes nothing (each test checks
+    that), and each counts its own refusal (metric deltas)."""
+    return module_pair
 
 
 def test_created_group_consumes_and_reaches_the_slave(pair: tuple[BrokerProc, BrokerProc]) -> None:
@@ -123,9 +139,9 @@ def test_delete_group_with_and_without_its_offsets(pair: tuple[BrokerProc, Broke
      "retryQueueNums"),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"groupName": "CG_NUM", "brokerId": "one"}', "brokerId"),
 ])
-def test_unusable_group_request_is_refused_and_counted(pair: tuple[BrokerProc, BrokerProc], code: int,
+def test_unusable_group_request_is_refused_and_counted(refusing_pair: tuple[BrokerProc, BrokerProc], code: int,
                                                        ext: dict[str, str], body: bytes, remark: str) -> None:
-    master, _ = pair
+    master, _ = refusing_pair
     before_groups = file_groups(master)
     metrics = master.metrics()
     resp = rpc(master.addr, code, ext, body=body)
@@ -134,8 +150,8 @@ def test_unusable_group_request_is_refused_and_counted(pair: tuple[BrokerProc, B
     assert file_groups(master) == before_groups
 
 
-def test_delete_without_group_name_is_a_header_error(pair: tuple[BrokerProc, BrokerProc]) -> None:
-    master, _ = pair
+def test_delete_without_group_name_is_a_header_error(refusing_pair: tuple[BrokerProc, BrokerProc]) -> None:
+    master, _ = refusing_pair
     metrics = master.metrics()
     resp = rpc(master.addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"removeOffset": "true"})
     assert resp.code == ResponseCode.SYSTEM_ERROR and "groupName" in (resp.remark or ""), resp
