@@ -56,6 +56,19 @@ def group(cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
     return master_and_slave(cluster, "broker-d", 500)
 
 
+@pytest.fixture(scope="module")
+def module_group(module_cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+    return master_and_slave(module_cluster, "broker-d", 500)
+
+
+@pytest.fixture
+def refusing_group(module_group: tuple[Namesrv, BrokerProc, BrokerProc],
+                   shared_cluster: Cluster) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+    """One group for the tests of deletions refused: a refusal deletes nothing (each test checks
+    that), and each counts its own refusal (metric deltas)."""
+    return module_group
+
+
 def test_delete_topic_on_broker_slave_and_nameserver_then_recreate(
         group: tuple[Namesrv, BrokerProc, BrokerProc]) -> None:
     ns, master, slave = group
@@ -97,9 +110,9 @@ def test_delete_topic_on_broker_slave_and_nameserver_then_recreate(
     ({"topic": "bad topic"}, "illegal characters"),
     ({"topic": " "}, "blank"),
 ])
-def test_delete_refuses_system_and_malformed_topics(group: tuple[Namesrv, BrokerProc, BrokerProc],
+def test_delete_refuses_system_and_malformed_topics(refusing_group: tuple[Namesrv, BrokerProc, BrokerProc],
                                                     ext: dict[str, str], remark: str) -> None:
-    _, master, _ = group
+    _, master, _ = refusing_group
     before = topic_names(master)
     metrics = master.metrics()
     resp = rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, ext)
