@@ -134,8 +134,9 @@ class StreamProducer:
             self.proc = subprocess.Popen(
                 [PY, str(CLIENTS / "stream_producer.py"), "--namesrv", namesrv, "--topic", topic,
                  "--count", str(count), "--prefix", prefix, "--size", str(size), "--seconds", str(seconds),
-                 "--settle-ms", str(settle_ms), "--pause-ms", str(pause_ms)],
-                stdout=fh, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                 "--settle-ms", str(settle_ms), "--pause-ms", str(pause_ms), "--stop-on-stdin"],
+                stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     @property
     def running(self) -> bool:
@@ -145,9 +146,17 @@ class StreamProducer:
         """Sends completed so far (acknowledged or failed)."""
         return self.out.read_bytes().count(b"\n")
 
+    def stop(self) -> None:
+        """Ask the producer to end after the send under way (rather than at count or seconds)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write(b"stop\n")
+                self.proc.stdin.close()
+
     def results(self, timeout: float = 120.0) -> list[dict[str, Any]]:
         """Every send's outcome, once the producer has finished."""
         self.proc.wait(timeout)
+        self.stop()  # closes our end of its stdin
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
 
 

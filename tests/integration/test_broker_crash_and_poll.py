@@ -13,7 +13,15 @@ from rmqbroker.remoting.frame import RemotingCommand
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.message_store import MessageStore
 from tests.conftest import Cluster
-from tests.integration.helpers import StreamProducer, assert_sending, create_topic_and_wait, pull_all, rpc, send_raw
+from tests.integration.helpers import (
+    StreamProducer,
+    assert_sending,
+    create_topic_and_wait,
+    poll,
+    pull_all,
+    rpc,
+    send_raw,
+)
 from tests.unit.store.consistency import assert_store_consistent
 
 SEG = 1024 * 1024  # small segments: the stream crosses several before the kill
@@ -43,6 +51,10 @@ def test_kill9_broker_mid_stream_keeps_every_acknowledged_message(cluster: Clust
     time.sleep(3)
     assert_sending(producers)
     broker.kill9()
+    # Once a send has failed against the dead broker, the rest of the producers' 8 s adds nothing.
+    poll(lambda: any(b'"error"' in p.out.read_bytes() for p in producers), 30, what="a send failed after the kill")
+    for p in producers:
+        p.stop()
     results = [r for p in producers for r in p.results()]
     acked = {r["key"] for r in results if r.get("status") == 0}
     assert len(acked) > 200, f"only {len(acked)} sends acknowledged before the kill"

@@ -1,7 +1,8 @@
 """Send a stream of messages with the C++ client, printing one JSON line per send as it completes.
 
 ``{"i": n, "status": s, "msg_id": id, "offset": o}`` for a send that returned, ``{"i": n, "error": e}``
-for one that raised. Runs until ``--count`` sends or ``--seconds`` elapsed, whichever comes first.
+for one that raised. Runs until ``--count`` sends or ``--seconds`` elapsed, whichever comes first (with
+``--stop-on-stdin``, or until stdin says "stop" or closes: the send under way completes first).
 A caller may kill the broker mid-stream and still know which sends were acknowledged.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 
 from _common import run
@@ -30,7 +32,18 @@ def main() -> None:
                         help="wait this long after start (see producer.py --settle-ms: a first send racing the "
                              "client's own connection to the broker fails on its transport lock)")
     parser.add_argument("--pause-ms", type=int, default=0, help="sleep this long between sends")
+    parser.add_argument("--stop-on-stdin", action="store_true",
+                        help='end after the current send once stdin reads "stop" or closes')
     args = parser.parse_args()
+    stop = threading.Event()
+    if args.stop_on_stdin:
+        def watch_stdin() -> None:
+            for line in sys.stdin:
+                if line.strip() == "stop":
+                    break
+            stop.set()
+
+        threading.Thread(target=watch_stdin, daemon=True).start()
     producer = Producer(args.group, timeout=args.timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
     producer.start()
@@ -38,7 +51,7 @@ def main() -> None:
     deadline = time.monotonic() + args.seconds
     pad = "x" * max(0, args.size - 32)
     for i in range(args.count):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or stop.is_set():
             break
         msg = Message(args.topic)
         key = f"{args.prefix}-{i}"
