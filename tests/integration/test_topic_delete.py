@@ -146,7 +146,7 @@ def test_topic_deleted_and_created_again_between_two_sync_rounds(cluster: Cluste
     """The slave's metadata sync never sees the topic missing, so it learns the deletion from the
     master's record of it (where the master's log ended then): queues built only from older records
     go, queues the new topic has written to already stay, and both brokers agree queue by queue."""
-    ns, master, slave = master_and_slave(cluster, "broker-r", 4000)
+    ns, master, slave = master_and_slave(cluster, "broker-r", 2000)
     create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
     for i in range(3):
         for q in (0, 1):
