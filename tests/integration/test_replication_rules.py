@@ -148,3 +148,58 @@ def test_failed_metadata_sync_rounds_are_retried_not_fatal(cluster: Cluster) -> 
     poll(lambda: "RuleMeta" in topic_names(slave.addr), 10, what="topic config synced from the live master")
     st = poll(lambda: (s := slave.status()["metadataSync"])["rounds"] >= 2 and s, 10, what="rounds resumed")
     assert st["masterAddress"] == master.addr and st["lastError"] is None and st["lastSuccessMillis"] > 0
+
+
+def test_metadata_sync_refuses_a_master_of_another_broker_group(cluster: Cluster) -> None:
+    """A slave re-pointed (by mistake) at the master of another broker name or cluster must not
+    adopt that broker's tables: its own topics, their consume queues and offsets stay, and each
+    round fails naming the reason until it is pointed back at its own master."""
+    master, slave = pair(cluster, slaveSyncInitialDelay=200, slaveSyncInterval=500)
+    ha = f"127.0.0.1:{master.port + 1}"
+    code, body = slave.admin("/ha/master", "POST", json.dumps({"haAddress": ha, "brokerAddress": master.addr}).encode())
+    assert code == 200, body
+    create_topic(master.addr, "RuleOwn", queues=1)
+    for i in range(3):
+        assert send_raw(master.addr, "RuleOwn", f"m{i}".encode()).code == ResponseCode.SUCCESS
+    assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_OWN", "topic": "RuleOwn", "queueId": "0", "commitOffset": "2"}).code == 0
+    wait_caught_up(master, [slave], timeout=15)
+    poll(lambda: "RuleOwn" in topic_names(slave.addr), 10, what="topic synced to the slave")
+
+    def served() -> tuple[str, str]:
+        max_offset = rpc(slave.addr, RequestCode.GET_MAX_OFFSET, {"topic": "RuleOwn", "queueId": "0"})
+        committed = rpc(slave.addr, RequestCode.QUERY_CONSUMER_OFFSET, {
+            "consumerGroup": "CG_OWN", "topic": "RuleOwn", "queueId": "0"})
+        return max_offset.ext_fields.get("offset", ""), committed.ext_fields.get("offset", "")
+
+    poll(lambda: served() == ("3", "2"), 10, what="queue and offset on the slave")
+    other_dir = cluster.workdir / "other-cluster"
+    other_dir.mkdir()
+    same_name = BrokerProc(other_dir, None, name="broker-q", brokerClusterName="OtherCluster",
+                           maxMessageSize=1024 * 1024, mappedFileSizeCommitLog=SEG)
+    cluster.procs.append(same_name)
+    others = (cluster.broker(None, name="broker-other", maxMessageSize=1024 * 1024, mappedFileSizeCommitLog=SEG),
+              same_name.start())
+    for other in others:
+        create_topic(other.addr, "ForeignTopic", queues=1)
+        before = slave.status()["metadataSync"]
+        done = before["rounds"] + before["failures"] + 2
+        repoint = {"haAddress": ha, "brokerAddress": other.addr}
+        code, body = slave.admin("/ha/master", "POST", json.dumps(repoint).encode())
+        assert code == 200, body
+
+        def rounds_done(target: int = done) -> dict[str, Any] | None:
+            st: dict[str, Any] = slave.status()["metadataSync"]
+            return st if st["rounds"] + st["failures"] >= target else None
+
+        st = poll(rounds_done, 10, what="two rounds against the other master")
+        assert served() == ("3", "2")
+        assert "RuleOwn" in topic_names(slave.addr) and "ForeignTopic" not in topic_names(slave.addr)
+        assert st["failures"] >= before["failures"] + 2 and "broker-q" in st["lastError"], st
+
+    code, body = slave.admin("/ha/master", "POST", json.dumps({"haAddress": ha, "brokerAddress": master.addr}).encode())
+    assert code == 200, body
+    rounds = slave.status()["metadataSync"]["rounds"]
+    st = poll(lambda: (s := slave.status()["metadataSync"])["rounds"] > rounds and s, 10, what="a round again")
+    assert st["lastError"] is None
+    assert served() == ("3", "2")

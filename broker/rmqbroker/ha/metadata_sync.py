@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 class MetadataSyncError(Exception):
     """One sync round failed."""
+
+
+class ForeignMasterError(MetadataSyncError):
+    """The address answered as a broker of another broker name or cluster; nothing was taken."""
 
 
 class SlaveMetadataSync:
@@ -115,6 +119,7 @@ class SlaveMetadataSync:
     async def _sync_topics(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
         table, version, deleted = decode_topic_sync(body)
+        self._check_same_group(master, table)
         if deleted and self.on_master_deletions is not None:
             # First, so that a topic deleted and created again since the last round loses the
             # queues of its earlier life even though it never went missing from the table.
@@ -128,6 +133,20 @@ class SlaveMetadataSync:
                     if not self.topics.is_system_topic(topic):
                         log.info("topic %s deleted on master %s", topic, master)
                         await self.on_topic_deleted(topic)
+
+    def _check_same_group(self, master: str, table: Mapping[str, object]) -> None:
+        """Refuse a master of another broker group (a re-point or an address reused by mistake).
+
+        Every master's table holds a topic named after its brokerName and one after its cluster
+        (built in, Java's brokers too, and refused by DELETE_TOPIC), so a table without this
+        slave's names is another group's; adopting it would drop this slave's topics as deleted
+        (their consume queues go) and mix that broker's offsets into this one's.
+        """
+        missing = [name for name in (self.topics.broker_name, self.topics.cluster_name) if name not in table]
+        if missing:
+            raise ForeignMasterError(
+                f"{master} is not a master of broker {self.topics.broker_name} in cluster "
+                f"{self.topics.cluster_name}: its topic table lacks {', '.join(missing)}; nothing synced")
 
     async def _sync_offsets(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
