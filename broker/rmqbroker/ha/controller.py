@@ -292,6 +292,11 @@ class ReplicationController:
             error = str(exc) or type(exc).__name__
             log.warning("last metadata sync before the promotion failed: %s", error)
             return {"metadataSynced": False, "metadataSyncError": error}
+        except Exception as exc:
+            # Raised here, it would abort the promotion half-done: HA client and sync stopped,
+            # still a SLAVE. The round is optional; the promotion is not.
+            log.exception("last metadata sync before the promotion failed unexpectedly")
+            return {"metadataSynced": False, "metadataSyncError": f"unexpected error: {exc!r}"}
         return {"metadataSynced": True}
 
     async def _demote(self, broker_id: int, epoch: int, drain: float = 0.0,

@@ -98,6 +98,12 @@ class SlaveMetadataSync:
                 self.failures += 1
                 self.last_error = str(exc)
                 log.warning("slave metadata sync failed (retrying in %.0fs): %s", self.interval, exc)
+            except Exception as exc:
+                # A bug (a callback's, a decoder's) must cost one round, not every later one: an
+                # exception leaving this loop would end the sync until the process restarts.
+                self.failures += 1
+                self.last_error = f"unexpected error: {exc!r}"
+                log.exception("slave metadata sync round failed unexpectedly (retrying in %.0fs)", self.interval)
             delay = self.interval
 
     async def sync_all(self, master: str | None = None) -> None:

@@ -86,12 +86,18 @@ def fastjson_loads(text: str | bytes) -> Any:
     text = text.removeprefix("\ufeff")
     try:
         return json.loads(text)
+    except RecursionError as exc:
+        # Nesting deeper than the interpreter's stack: malformed for every metadata document, and
+        # not a ValueError, so callers that treat a bad body as a failed request would crash on it.
+        raise MetadataFormatError("invalid JSON: nested too deeply") from exc
     except json.JSONDecodeError as first_error:
         fixed = _quote_numeric_keys(text)
         if fixed is text:
             raise MetadataFormatError(f"invalid JSON: {first_error}") from first_error
         try:
             return json.loads(fixed)
+        except RecursionError as exc:
+            raise MetadataFormatError("invalid JSON: nested too deeply") from exc
         except json.JSONDecodeError as exc:
             raise MetadataFormatError(f"invalid JSON: {exc}") from exc
 

@@ -297,3 +297,10 @@ def test_message_queue_keyed_tables_round_trip_and_refuse_other_keys() -> None:
                 b'{"offsetTable":[]}', b"\xff"):
         with pytest.raises(MetadataFormatError):
             loads_mq_keyed(bad, "offsetTable")
+
+
+def test_nesting_deeper_than_the_stack_is_a_format_error() -> None:
+    # json raises RecursionError (not a ValueError) here; a body or file like this is malformed.
+    for text in ("[" * 200_000, "{1:" * 200_000):
+        with pytest.raises(MetadataFormatError, match="nested too deeply"):
+            fastjson_loads(text)

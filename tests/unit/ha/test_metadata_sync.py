@@ -1,0 +1,108 @@
+"""SlaveMetadataSync rounds against a scripted master (answers per request code): what a failing
+answer leaves behind and that the periodic loop survives it (reference §7.6)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqbroker.ha.metadata_sync import MetadataSyncError, SlaveMetadataSync
+from rmqbroker.metadata.base import JsonConfigFile
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
+from rmqbroker.metadata.delay_offsets import DelayOffsetTable
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
+from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
+from rmqbroker.remoting.codes import RequestCode
+
+MASTER = "127.0.0.1:10911"
+
+Tables = tuple[TopicConfigManager, SubscriptionGroupManager, ConsumerOffsetManager, DelayOffsetTable]
+
+
+def tables(config_dir: Path) -> Tables:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    return (TopicConfigManager(config_dir, cluster_name="DefaultCluster", broker_name="broker-a"),
+            SubscriptionGroupManager(config_dir), ConsumerOffsetManager(config_dir), DelayOffsetTable(config_dir))
+
+
+class ScriptedMaster:
+    """The master's GET_ALL_* answers: its tables encoded, or what ``override`` says per code."""
+
+    def __init__(self, config_dir: Path) -> None:
+        self.topics, self.groups, self.offsets, self.delay = tables(config_dir)
+        self.override: dict[RequestCode, bytes | Exception] = {}
+
+    async def get_all(self, master_addr: str, code: RequestCode) -> bytes:
+        answer = self.override.get(code)
+        if isinstance(answer, Exception):
+            raise answer
+        if answer is not None:
+            return answer
+        sources: dict[RequestCode, JsonConfigFile[Any]] = {
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.topics, RequestCode.GET_ALL_CONSUMER_OFFSET: self.offsets,
+            RequestCode.GET_ALL_DELAY_OFFSET: self.delay, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.groups}
+        source = sources[code]
+        return source.encode().encode("utf-8")
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> ScriptedMaster:
+    m = ScriptedMaster(tmp_path / "master")
+    m.topics.update_topic_config(TopicConfig("T1", 4, 4))
+    m.offsets.commit("CG", "T1", 0, 5)
+    return m
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("condition not reached")
+
+
+def slave_sync(tmp_path: Path, master: ScriptedMaster, **kw: float) -> tuple[SlaveMetadataSync, Tables]:
+    t = tables(tmp_path / "slave")
+    sync = SlaveMetadataSync(master, "127.0.0.1:20911", *t, **kw)  # type: ignore[arg-type]
+    sync.set_master(MASTER)
+    return sync, t
+
+
+async def test_a_deeply_nested_body_fails_the_round_and_the_loop_goes_on(tmp_path: Path,
+                                                                         master: ScriptedMaster) -> None:
+    master.override[RequestCode.GET_ALL_TOPIC_CONFIG] = b"[" * 200_000
+    sync, (topics, *_) = slave_sync(tmp_path, master, initial_delay=0.01, interval=0.01)
+    with pytest.raises(MetadataSyncError):
+        await sync.sync_all()
+    sync.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert sync.failures >= 2, "the periodic task died on the first failing round"
+        del master.override[RequestCode.GET_ALL_TOPIC_CONFIG]
+        await until(lambda: "T1" in topics)
+    finally:
+        await sync.stop()
+
+
+async def test_an_unexpected_error_in_a_round_is_counted_and_retried(tmp_path: Path, master: ScriptedMaster) -> None:
+    calls = 0
+
+    async def deletions(deleted: dict[str, int]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in a callback")
+
+    master.override[RequestCode.GET_ALL_TOPIC_CONFIG] = master.topics.encode(extra={"deletedTopics": {"X": 1}}).encode()
+    sync, _ = slave_sync(tmp_path, master, initial_delay=0.01, interval=0.01)
+    sync.on_master_deletions = deletions
+    sync.start()
+    try:
+        await until(lambda: sync.rounds > 0)
+        assert sync.failures >= 1 and calls >= 2
+    finally:
+        await sync.stop()
