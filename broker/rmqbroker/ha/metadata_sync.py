@@ -3,7 +3,7 @@
 Every period the slave asks the master for its topic configs (21), consumer offsets (43), delay
 offsets (45) and subscription groups (201). Topic and group tables are replaced only when the
 master's DataVersion differs; offsets are merged; delay offsets are written when they changed.
-A failed round is logged and retried next period.
+Each table is synced on its own; a failed round is logged and retried next period.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from rmqbroker.outer_api import BrokerOuterApi, OuterApiError
 from rmqbroker.remoting.codes import RequestCode
 
 log = logging.getLogger(__name__)
+
+# A step failing with one of these fails the round but not the round's other steps.
+_STEP_ERRORS = (OuterApiError, MetadataError, ValueError)
 
 
 class MetadataSyncError(Exception):
@@ -59,6 +62,8 @@ class SlaveMetadataSync:
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._restart = asyncio.Event()
+        # The address whose topic table last showed it to be this slave's group's master.
+        self._verified_master: str | None = None
 
     def set_master(self, addr: str | None) -> None:
         if addr != self.master_addr:
@@ -107,17 +112,31 @@ class SlaveMetadataSync:
             delay = self.interval
 
     async def sync_all(self, master: str | None = None) -> None:
-        """One round against ``master`` (default: the master this slave follows)."""
+        """One round against ``master`` (default: the master this slave follows).
+
+        Each table is synced on its own, as in RocketMQ's SlaveSynchronize: one that fails (a
+        timeout, a body that does not decode) is reported with the round's failure but does not
+        hold back the others, so a topic table too slow to fetch cannot keep consumer offsets
+        from reaching the slave. Only the topic table tells whose master the address is: until
+        one was read from it, nothing else is taken, and a foreign one fails the whole round.
+        """
         master = master or self.master_addr
         if not master or master == self.own_addr:
             return
+        failures: list[tuple[str, Exception]] = []
         try:
             await self._sync_topics(master)
-            await self._sync_offsets(master)
-            await self._sync_delay(master)
-            await self._sync_groups(master)
-        except (OuterApiError, MetadataError, ValueError) as exc:
-            raise MetadataSyncError(str(exc)) from exc
+        except _STEP_ERRORS as exc:
+            failures.append(("topic config", exc))
+        if master == self._verified_master:
+            for what, step in (("consumer offsets", self._sync_offsets), ("delay offsets", self._sync_delay),
+                               ("subscription groups", self._sync_groups)):
+                try:
+                    await step(master)
+                except _STEP_ERRORS as exc:
+                    failures.append((what, exc))
+        if failures:
+            raise MetadataSyncError("; ".join(f"{what}: {exc}" for what, exc in failures)) from failures[0][1]
         self.rounds += 1
         self.last_error = None
         self.last_success_ms = int(time.time() * 1000)
@@ -150,9 +169,11 @@ class SlaveMetadataSync:
         """
         missing = [name for name in (self.topics.broker_name, self.topics.cluster_name) if name not in table]
         if missing:
+            self._verified_master = None
             raise ForeignMasterError(
                 f"{master} is not a master of broker {self.topics.broker_name} in cluster "
                 f"{self.topics.cluster_name}: its topic table lacks {', '.join(missing)}; nothing synced")
+        self._verified_master = master
 
     async def _sync_offsets(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)

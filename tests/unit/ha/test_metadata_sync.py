@@ -14,8 +14,9 @@ from rmqbroker.ha.metadata_sync import MetadataSyncError, SlaveMetadataSync
 from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
-from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
+from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
 from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager
+from rmqbroker.outer_api import OuterApiError
 from rmqbroker.remoting.codes import RequestCode
 
 MASTER = "127.0.0.1:10911"
@@ -106,3 +107,35 @@ async def test_an_unexpected_error_in_a_round_is_counted_and_retried(tmp_path: P
         assert sync.failures >= 1 and calls >= 2
     finally:
         await sync.stop()
+
+
+@pytest.mark.parametrize("failure", [b"{not json", OuterApiError("request 21 to master timed out")])
+async def test_a_failing_table_does_not_hold_back_the_others(tmp_path: Path, master: ScriptedMaster,
+                                                             failure: bytes | Exception) -> None:
+    """Like RocketMQ's SlaveSynchronize, each table is synced on its own: a topic table that times
+    out or does not decode still lets the offsets, delay offsets and groups of the round through."""
+    sync, (_, groups, offsets, delay) = slave_sync(tmp_path, master)
+    await sync.sync_all()
+    assert offsets.query("CG", "T1", 0) == 5
+    master.override[RequestCode.GET_ALL_TOPIC_CONFIG] = failure
+    master.offsets.commit("CG", "T1", 0, 9)
+    master.delay.set(1, 7)
+    master.groups.update(SubscriptionGroupConfig("CG_NEW"))
+    with pytest.raises(MetadataSyncError) as failed:
+        await sync.sync_all()
+    assert offsets.query("CG", "T1", 0) == 9
+    assert delay.get(1) == 7
+    assert groups.get("CG_NEW") is not None
+    assert str(failed.value).startswith("topic config: ")
+    assert sync.rounds == 1
+
+
+async def test_nothing_is_taken_from_an_address_whose_topic_table_was_never_read(tmp_path: Path,
+                                                                                 master: ScriptedMaster) -> None:
+    """Which broker an address belongs to is known from its topic table only (its brokerName and
+    cluster topics): until one was read from it, its other tables are not taken."""
+    master.override[RequestCode.GET_ALL_TOPIC_CONFIG] = OuterApiError("request 21 to master timed out")
+    sync, (_, _, offsets, _) = slave_sync(tmp_path, master)
+    with pytest.raises(MetadataSyncError, match="timed out"):
+        await sync.sync_all()
+    assert offsets.query("CG", "T1", 0) == -1
