@@ -181,3 +181,35 @@ def test_topic_deleted_and_created_again_between_two_sync_rounds(cluster: Cluste
     assert _send_to(master, 1, b"new-1") == "0"
     wait_caught_up(master, [slave])
     poll(agree, 10, what="queues equal after one more send")
+
+
+def test_slave_forgets_the_offsets_its_master_removed(group: tuple[Namesrv, BrokerProc, BrokerProc]) -> None:
+    """Offsets the master removed (a deleted topic's, a group deleted with removeOffset) go from the
+    slave too: promoted, it would otherwise hand the old offsets to a topic or group created again
+    under the name, whose queues start at 0 (its consumers would skip what is sent next)."""
+    ns, master, slave = group
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=1)
+    create_topic(master.addr, "KeptTopic", queues=1)
+    for topic, grp in ((TOPIC, "CG_TOPIC_GONE"), ("KeptTopic", "CG_GROUP_GONE"), ("KeptTopic", "CG_KEPT")):
+        assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": grp, "topic": topic, "queueId": "0", "commitOffset": "4"}).code == 0
+
+    def slave_offsets() -> set[str]:
+        try:
+            text = (slave.store_dir / "config" / "consumerOffset.json").read_text()
+            return set(json.loads(text)["offsetTable"])
+        except (OSError, ValueError, KeyError):
+            return set()
+
+    every = {f"{TOPIC}@CG_TOPIC_GONE", "KeptTopic@CG_GROUP_GONE", "KeptTopic@CG_KEPT"}
+    poll(lambda: every <= slave_offsets(), 10, what="offsets on the slave")
+    assert rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC}).code == ResponseCode.SUCCESS
+    assert rpc(master.addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+               {"groupName": "CG_GROUP_GONE", "removeOffset": "true"}).code == ResponseCode.SUCCESS
+    poll(lambda: TOPIC not in topic_names(slave), 10, what="the deletion on the slave")
+    rounds = slave.status()["metadataSync"]["rounds"]
+    poll(lambda: slave.status()["metadataSync"]["rounds"] >= rounds + 2, 10, what="two more sync rounds")
+    assert slave_offsets() == {"KeptTopic@CG_KEPT"}
+    resp = rpc(slave.addr, RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "CG_TOPIC_GONE", "topic": TOPIC,
+                                                               "queueId": "0"})
+    assert resp.ext_fields.get("offset") != "4", resp

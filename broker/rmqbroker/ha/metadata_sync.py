@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets, split_offset_key
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
 from rmqbroker.metadata.errors import MetadataError
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager, decode_subscription_group_wrapper
@@ -129,8 +129,9 @@ class SlaveMetadataSync:
         except _STEP_ERRORS as exc:
             failures.append(("topic config", exc))
         if master == self._verified_master:
-            for what, step in (("consumer offsets", self._sync_offsets), ("delay offsets", self._sync_delay),
-                               ("subscription groups", self._sync_groups)):
+            # Groups before offsets: whether the master still has an offset's group is read from them.
+            for what, step in (("subscription groups", self._sync_groups), ("consumer offsets", self._sync_offsets),
+                               ("delay offsets", self._sync_delay)):
                 try:
                     await step(master)
                 except _STEP_ERRORS as exc:
@@ -179,9 +180,29 @@ class SlaveMetadataSync:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
         table = decode_consumer_offsets(body)
         current = self.offsets.table()
+        changed = False
         if any(current.get(k) != dict(v) for k, v in table.items()):
             self.offsets.merge_all(table)
+            changed = True
+        # Merged, not replaced (RocketMQ's putAll): offsets committed here while the master was
+        # away stay. Those the master removed with their topic (DELETE_TOPIC) or their group
+        # (DELETE_SUBSCRIPTIONGROUP with removeOffset) go: promoted, this broker would otherwise
+        # hand them to a topic or group created again under the name, whose queues restart at 0.
+        gone = [key for key in current if key not in table and self._removed_on_master(key)]
+        if gone and self.offsets.remove_keys(gone):
+            log.info("offsets removed on master %s removed here too: %s", master, gone)
+            changed = True
+        if changed:
             await self.offsets.persist_async()
+
+    def _removed_on_master(self, key: str) -> bool:
+        """Whether the master no longer has the topic or the group of an offset table key (the
+        topic and group tables are the master's as of this round)."""
+        parts = split_offset_key(key)
+        if parts is None:
+            return False
+        topic, group = parts
+        return topic not in self.topics or group not in self.groups
 
     async def _sync_delay(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_DELAY_OFFSET)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,18 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                 self._mark_changed_locked()
         if doomed:
             log.info("removed offsets of group %s on topic %s: %s", group or "*", topic or "*", doomed)
+        return bool(doomed)
+
+    def remove_keys(self, keys: Iterable[str]) -> bool:
+        """Forget the given ``topic@group`` entries; True if any existed."""
+        with self._lock:
+            doomed = [key for key in keys if key in self._table]
+            for key in doomed:
+                del self._table[key]
+            if doomed:
+                self._mark_changed_locked()
+        if doomed:
+            log.info("removed offsets %s", doomed)
         return bool(doomed)
 
     def clone_offset(self, src_group: str, dst_group: str, topic: str) -> bool:
