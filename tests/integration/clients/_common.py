@@ -1,9 +1,11 @@
-"""Shared by the client scripts: a received C++ ``RecvMessage`` as JSON, and a hang-proof exit."""
+"""Shared by the client scripts: a received C++ ``RecvMessage`` as JSON, a stop request on stdin, and a
+hang-proof exit."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,6 +34,20 @@ def message_json(msg: Any, props: list[str]) -> dict[str, Any]:
         "recv_ms": int(time.time() * 1000),
         "props": {p: _text(msg.get_property(p)) for p in props},
     }
+
+
+def stop_on_stdin() -> threading.Event:
+    """An event set once stdin reads "stop" or closes (the test is done with this client)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop
 
 
 def run(main: Callable[[], None]) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from _common import message_json, run
+from _common import message_json, run, stop_on_stdin
 from rocketmq.client import PushConsumer, RecvMessage
 from rocketmq.ffi import _CConsumeStatus, dll
 
@@ -67,16 +67,7 @@ def main() -> None:
     consumer.start()
     emit({"event": "started"})
 
-    stop = threading.Event()
-
-    def watch_stdin() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    stop.wait(args.max_seconds)
+    stop_on_stdin().wait(args.max_seconds)
     t0 = time.monotonic()
     consumer.shutdown()
     emit({"event": "stopped", "shutdown_seconds": round(time.monotonic() - t0, 3)})

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from _common import run
+from _common import run, stop_on_stdin
 from rocketmq.client import Message, Producer
 
 
@@ -35,15 +35,7 @@ def main() -> None:
     parser.add_argument("--stop-on-stdin", action="store_true",
                         help='end after the current send once stdin reads "stop" or closes')
     args = parser.parse_args()
-    stop = threading.Event()
-    if args.stop_on_stdin:
-        def watch_stdin() -> None:
-            for line in sys.stdin:
-                if line.strip() == "stop":
-                    break
-            stop.set()
-
-        threading.Thread(target=watch_stdin, daemon=True).start()
+    stop = stop_on_stdin() if args.stop_on_stdin else threading.Event()
     producer = Producer(args.group, timeout=args.timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
     producer.start()
