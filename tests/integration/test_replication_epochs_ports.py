@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import struct
 from typing import Any
 
+from rmqbroker.remoting.codes import ResponseCode
 from tests.conftest import Cluster
 from tests.integration.helpers import poll, send_raw, wait_caught_up
 from tests.integration.test_replication import commitlog_bytes
+from tests.integration.test_replication_extra import follows
 from tests.support.procs import BrokerProc, free_port, metric_value
 
 
@@ -268,6 +271,41 @@ def test_a_slave_serves_no_follower_until_it_is_promoted(cluster: Cluster) -> No
     send_some(s, "ChainTopic", 10, "after")
     assert assert_same_log(s, t) > end
     assert t.status()["epoch"] == 1
+
+
+def refused_streams(slave: BrokerProc) -> bool:
+    return bool(slave.status()["ha"]["refusedStreams"] >= 1)
+
+
+def test_a_slave_does_not_follow_the_master_of_another_broker_group(cluster: Cluster) -> None:
+    """A slave pointed at another group's master (a wrong haMasterAddress, or a port reused by
+    another group) refuses it: it takes none of its log, and none of its acks can release that
+    master's SYNC sends."""
+    master = cluster.broker(None, name="broker-g", role="SYNC_MASTER")
+    ha = f"127.0.0.1:{master.port + 1}"
+    other_name = cluster.broker(None, name="broker-x", broker_id=1, role="SLAVE", haMasterAddress=ha)
+    other_cluster = cluster.broker(None, name="broker-g", broker_id=1, role="SLAVE", haMasterAddress=ha,
+                                   brokerClusterName="OtherCluster")
+    refusals = ((other_name, "'broker-x' in 'DefaultCluster'"), (other_cluster, "'broker-g' in 'OtherCluster'"))
+    for slave, told in refusals:
+        poll(functools.partial(refused_streams, slave), 10, what="the foreign master refused")
+        assert f"not of this broker's group ({told}); not following it" in slave.log_text()
+    assert master.status()["ha"]["slaves"] == []
+    resp = send_raw(master.addr, "GroupTopic", b"no slave of this group" * 5)
+    assert resp.code == ResponseCode.SLAVE_NOT_AVAILABLE, (resp.code, resp.remark)
+    assert other_name.status()["maxPhyOffset"] == other_cluster.status()["maxPhyOffset"] == 0
+    # What the slaves went by: the epoch answer names the master's group.
+    with socket.create_connection(("127.0.0.1", master.port + 1), timeout=5) as peer:
+        peer.sendall(struct.pack(">q", -2))
+        _, size = struct.unpack(">qi", _read_exact(peer, 12))
+        answer = json.loads(_read_exact(peer, size))
+    assert (answer["brokerName"], answer["brokerClusterName"]) == ("broker-g", "DefaultCluster"), answer
+
+    # Its own group's slave follows it and makes SYNC sends succeed.
+    own = cluster.broker(None, name="broker-g", broker_id=2, role="SLAVE", haMasterAddress=ha)
+    poll(lambda: follows(own, master), 10, what="own slave following")
+    send_some(master, "GroupTopic", 3, "own")
+    assert_same_log(master, own)
 
 
 def _read_exact(sock: socket.socket, n: int, *, allow_eof: bool = False) -> bytes:

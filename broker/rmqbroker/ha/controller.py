@@ -65,11 +65,14 @@ class ReplicationController:
             push_after_ack=settings.haPushAfterAck,
         ), epochs, role=lambda: ctx.role)
         self.ha.broker_addr = settings.broker_addr
+        group = (settings.brokerName, settings.brokerClusterName)
+        self.ha.group = group
         self.store.add_arrival_listener(self.ha.notify_data)
         self.ha_client = HAClient(self.store, settings.haMasterAddress or None,
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
                                   housekeeping_interval=settings.haHousekeepingInterval / 1000,
-                                  epochs=epochs, truncate=self._truncate, on_master_lost=self._master_lost)
+                                  epochs=epochs, truncate=self._truncate, on_master_lost=self._master_lost,
+                                  group=group)
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,

@@ -224,6 +224,8 @@ class HAConnection(asyncio.Protocol):
                                       "role": svc.role()}
             if svc.broker_addr:
                 answer["brokerAddr"] = svc.broker_addr
+            if svc.group is not None:
+                answer["brokerName"], answer["brokerClusterName"] = svc.group
             body = json.dumps(answer).encode()
             tr.write(TRANSFER_HEADER.pack(EPOCH_QUERY, len(body)) + body)
             return
@@ -433,6 +435,11 @@ class HAService:
         # This broker's client address (host:port), told to slaves in the epoch answer: the address
         # a slave relays clients' writes to (processors/relay.py). None: not told.
         self.broker_addr: str | None = None
+        # The broker group this listener's broker belongs to, told in the epoch answer so that a
+        # slave of another group (a wrong haMasterAddress, a port reused by another group's master)
+        # refuses to follow: it would take a foreign log and its acks would release SYNC sends
+        # this group never replicated. None: not told (older masters did not).
+        self.group: tuple[str, str] | None = None
         # Peers that asked to follow while this broker was a slave (each connection closed).
         self.refused_followers = 0
         self.connections: set[HAConnection] = set()

@@ -463,8 +463,12 @@ class HAClient:
     def __init__(self, store: MessageStore, master_addr: str | None, *, heartbeat_interval: float = 5.0,
                  housekeeping_interval: float = 20.0, epochs: EpochStore | None = None,
                  truncate: Callable[[int], None] | None = None,
-                 on_master_lost: Callable[[str], None] | None = None) -> None:
+                 on_master_lost: Callable[[str], None] | None = None,
+                 group: tuple[str, str] | None = None) -> None:
         self.store = store
+        # (brokerName, brokerClusterName) of this broker: a master that tells another is not
+        # followed (see HAService.group). None: not checked.
+        self.group = group
         self.master_addr = master_addr
         # Called with the address after each attempt to follow it that failed (unreachable,
         # silent, refused: e.g. a SLAVE now), unless a re-point already names another master.
@@ -716,10 +720,16 @@ class HAClient:
             peer_role = str(obj.get("role", "MASTER"))
             told = obj.get("brokerAddr")
             broker_addr = told if isinstance(told, str) and told else None
+            # Absent from masters before the fields existed.
+            peer_group = (str(obj["brokerName"]), str(obj["brokerClusterName"])) if "brokerName" in obj else None
         except (ValueError, KeyError, TypeError, AttributeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
         if peer_role == "SLAVE":
             raise StreamMismatchError(f"{addr} is a SLAVE (epoch {master_epoch}), not a master to follow")
+        if self.group is not None and peer_group is not None and peer_group != self.group:
+            raise StreamMismatchError(
+                f"{addr} is the master of broker {peer_group[0]!r} in cluster {peer_group[1]!r}, not of this "
+                f"broker's group ({self.group[0]!r} in {self.group[1]!r}); not following it")
         self.master_broker_addr = broker_addr
         if master_epoch < epochs.epoch:
             raise StreamMismatchError(
