@@ -343,8 +343,9 @@ class AdminProcessor:
 
     async def reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin resetOffsetByTime for a group that is online (Broker2Client.resetOffset): each queue's
-        offset moves to the first message stored at or after ``timestamp`` (-1: the queue's end);
-        without ``isForce`` only backwards. The group's online consumers get the new offsets
+        offset moves where SEARCH_OFFSET_BY_TIMESTAMP points (reference §2.9, as Java 4.x: a message
+        stored at ``timestamp``, else the nearer neighbour, which may be the last one stored before
+        it; -1: the queue's end); without ``isForce`` only backwards. The group's online consumers get the new offsets
         (RESET_CONSUMER_CLIENT_OFFSET, in their own language's body) and drop what they hold."""
         ctx = self.ctx
         if ctx.is_slave:
