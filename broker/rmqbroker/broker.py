@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -54,6 +55,10 @@ log = logging.getLogger(__name__)
 ACL_RELOAD_SECONDS = 2.0
 # A demotion's drain (POST /role drainMillis) waits at most this long for its slaves.
 MAX_DRAIN_MILLIS = 60_000
+# How long a request that created a topic waits for the nameservers to route it before it is
+# answered anyway (a nameserver that is down or slow; the registration loop retries): well under
+# the clients' 3 s send timeout.
+ROUTE_WAIT_S = 1.0
 # ...and names at most this many of them (drainFor) as the ones it waits for.
 MAX_DRAIN_FOR = 16
 # Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
@@ -116,7 +121,8 @@ class Broker:
         self.clients = ClientManager(make_notifier(lambda: self.settings.notifyConsumerIdsChangedEnable,
                                                    group_notify_enabled))
         self.ctx = BrokerContext(settings, self.store, self.topics, self.groups, self.offsets, self.delay_offsets,
-                                 self.clients, register_now=self.request_register)
+                                 self.clients, register_now=self.request_register,
+                                 register_and_wait=self.register_and_wait)
         self.tls = settings.tls_settings()
         self.server = RemotingServer(settings.listenHost, settings.listenPort, name="broker", tls=self.tls,
                                      idle_seconds=settings.serverChannelMaxIdleTimeSeconds)
@@ -172,6 +178,8 @@ class Broker:
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
         self._register_event = asyncio.Event()
+        # Requests waiting for the next registration round to be answered (register_and_wait).
+        self._register_waiters: list[asyncio.Future[None]] = []
         self.started_ms = 0
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
@@ -313,6 +321,19 @@ class Broker:
     def request_register(self) -> None:
         self._register_event.set()
 
+    async def register_and_wait(self) -> None:
+        """Return once a registration round that carries the topic table as it is now has been
+        answered, or after ROUTE_WAIT_S: Java's broker registers a topic it creates before it
+        answers the request that created it, so clients can read its route at once."""
+        if not self.settings.namesrv_addrs:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._register_waiters.append(waiter)
+        self._register_event.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ROUTE_WAIT_S):
+                await asyncio.shield(waiter)
+
     def _topic_changed(self, topic: str, tc: TopicConfig | None) -> None:
         if tc is None:
             self.broker_stats.forget_topic(topic)
@@ -350,6 +371,11 @@ class Broker:
             # Read each round: UPDATE_BROKER_CONFIG may change it.
             period = max(10.0, min(self.settings.registerNameServerPeriod / 1000, 60.0))
             complete = False
+            # Cleared before the round, not after: a change made while it is under way (its table
+            # was read already) must start another round, not wait a whole period.
+            self._register_event.clear()
+            # Taken just before register_all reads the table: these waiters' changes are in it.
+            waiters, self._register_waiters = self._register_waiters, []
             try:
                 complete = await self.register_all()
                 if complete and self.ctx.is_slave and not self.master_addr:
@@ -358,7 +384,10 @@ class Broker:
                     complete = False
             except Exception:
                 log.exception("registration with nameservers failed")
-            self._register_event.clear()
+            finally:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
             try:
                 # A nameserver that was unreachable is retried soon, not a whole period later.
                 async with asyncio.timeout(period if complete else 3.0):

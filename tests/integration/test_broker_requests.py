@@ -254,6 +254,27 @@ def test_refused_send_to_fresh_topic_creates_nothing(broker: BrokerProc, namesrv
     assert route(namesrv.addr, topic) is None, "the refused send's topic was registered"
 
 
+@pytest.mark.parametrize("how", ["send", "batch", "update_topic"])
+def test_created_topic_is_routed_when_the_request_is_answered(broker: BrokerProc, namesrv: Namesrv,
+                                                              how: str) -> None:
+    """As Java's broker, which registers a topic it creates before it answers the send (or
+    UPDATE_AND_CREATE_TOPIC): the route is on the nameserver once the answer is back. Answered first,
+    the README's quickstart (a consumer started right after the first send) found no route, and the
+    stock C++ consumer got the message only at its route poll 10 s later. A send that waited for
+    the route is stored once."""
+    topic = _fresh(how.title().replace("_", ""))
+    if how == "update_topic":
+        create_topic(broker.addr, topic)
+    else:
+        code, ext, body = ((RequestCode.SEND_MESSAGE, v1(topic), b"routed") if how == "send" else
+                           (RequestCode.SEND_BATCH_MESSAGE, v2(topic, batch=True), _batch(b"r1", b"r2")))
+        resp = rpc(broker.addr, code, ext, body=body)
+        assert resp.code == ResponseCode.SUCCESS, resp
+    assert route(namesrv.addr, topic) is not None, "answered before the nameserver routed the new topic"
+    if how != "update_topic":
+        assert max_offset(broker, topic, 0) == (1 if how == "send" else 2)
+
+
 def test_properties_just_under_the_limit_are_stored(broker: BrokerProc) -> None:
     """The early properties-length refusal refuses only what the store would: a long properties
     string within the limit is stored."""

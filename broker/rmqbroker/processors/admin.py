@@ -165,7 +165,9 @@ class AdminProcessor:
                          h.opt_bool(wire.ORDER))
         ctx.topics.update_topic_config(tc, persist=False)
         await ctx.topics.persist_async()
-        ctx.register_now()
+        # Answered once the nameservers route it, as Java's registerIncrementBrokerData is awaited:
+        # `updateTopic` and then a consumer's start find the route.
+        await ctx.register_and_wait()
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def update_and_create_subscription_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from rmqbroker.config import BrokerSettings
@@ -17,6 +17,10 @@ from rmqbroker.store.message_store import MessageStore
 
 
 def _noop() -> None:
+    return None
+
+
+async def _anoop() -> None:
     return None
 
 
@@ -36,6 +40,9 @@ class BrokerContext:
     stats: BrokerStats = field(default_factory=BrokerStats)
     # Asks the composition root to re-register with the nameservers now (topic changes).
     register_now: Callable[[], None] = _noop
+    # Re-registers now and returns once the nameservers have the topic table as it is now (or a
+    # bounded wait gave up): a request that created a topic is answered once it is routed, as in Java.
+    register_and_wait: Callable[[], Awaitable[None]] = _anoop
     # Runtime role: starts from broker.conf, changed by promotion/demotion (POST /role).
     role: str = ""
     broker_id: int = -1

@@ -195,6 +195,9 @@ class SendMessageProcessor:
         # are refused, as RocketMQ refuses them.
         self.transactions = transactions
         self._transaction_remark = f"the broker[{settings.host_ip}] sending transaction message is forbidden"
+        # Set by _topic_config when it auto-created the topic, read (and cleared) by its caller before
+        # any await: such a send is answered once the nameservers route the topic (see send).
+        self._created_topic = False
 
     def register(self, server: RemotingServer) -> None:
         server.register(RequestCode.SEND_MESSAGE, self.send)
@@ -239,6 +242,7 @@ class SendMessageProcessor:
                 raise SendRejected(ResponseCode.TOPIC_NOT_EXIST,
                                    f"topic[{topic}] not exist, apply first please!")
             ctx.register_now()
+            self._created_topic = True
         if queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
             raise _illegal_queue(topic, queue_id, tc.write_queue_nums, tc.read_queue_nums, remote)
         return tc
@@ -294,7 +298,9 @@ class SendMessageProcessor:
         self._check_sendable(topic)
         self._check_body(body, sys_flag)
         self._check_properties(topic, props_raw, props, None)
-        return self._topic_config(topic, queue_id, default_topic, default_nums, remote)
+        tc = self._topic_config(topic, queue_id, default_topic, default_nums, remote)
+        self._created_topic = False  # registered soon (register_now); a reply is not held back for it
+        return tc
 
     def _relayed_born_host(self, peer_host: str, client: str, own: tuple[str, int]) -> tuple[str, int]:
         """The client address a relaying slave names (host:port), when that slave is one this
@@ -311,7 +317,7 @@ class SendMessageProcessor:
             return own
         return (host, port)
 
-    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer | None]:
+    def send(self, conn: Connection, cmd: RemotingCommand) -> Answer | Deferred | Awaitable[Answer | Deferred | None]:
         """Store the message now; answer at once unless the put must wait (SYNC_FLUSH, SYNC_MASTER).
 
         Returning the response directly (no coroutine, no task) is what keeps the common
@@ -392,9 +398,23 @@ class SendMessageProcessor:
                                    reconsume_times, None, None, 0, props_string)
                 result = store.append_message(msg)
         except SendRejected as exc:
+            self._created_topic = False
             self.ctx.stats.rejected(exc.code)
             return cmd.make_response(exc.code, exc.remark)
         wait = props.get(WAIT) != "false"
+        if self._created_topic:
+            # As Java's broker, which registers a topic it auto-creates before it answers the send:
+            # a consumer started as soon as the first send returns finds the route, instead of
+            # waiting for its next route poll (the stock C++ client's comes 10 s later). Stored
+            # first, so later sends of the same producer cannot be stored ahead of this one.
+            self._created_topic = False
+            return self._answer_once_routed(self._answer(cmd, result, answer_qid, wait))
+        return self._answer(cmd, result, answer_qid, wait)
+
+    def _answer(self, cmd: RemotingCommand, result: PutResult, answer_qid: int,
+                wait: bool) -> Answer | Deferred | Awaitable[Answer]:
+        """The answer to a stored send: at once, unless the put must wait (SYNC_FLUSH, SYNC_MASTER)."""
+        store = self.ctx.store
         if store.replication_callback is not None:
             # SYNC_MASTER with ASYNC_FLUSH: answered from the slave ack itself (no task per send,
             # no loop pass between the ack and the answer).
@@ -405,6 +425,12 @@ class SendMessageProcessor:
         if pending is None:
             return self._response(cmd, result, answer_qid, len(cmd.body))
         return self._respond_after(pending, cmd, result, answer_qid)
+
+    async def _answer_once_routed(self, answer: Answer | Deferred | Awaitable[Answer]) -> Answer | Deferred:
+        await self.ctx.register_and_wait()
+        if isinstance(answer, (RemotingCommand, bytes, Deferred)):
+            return answer  # a Deferred that resolved meanwhile is answered when the server attaches it
+        return await answer
 
     async def _respond_after(self, pending: Awaitable[None], cmd: RemotingCommand, result: PutResult,
                              queue_id: int) -> Answer:

@@ -82,7 +82,9 @@ class Deferred:
             self._started = started
 
 
-Handler = Callable[["Connection", RemotingCommand], Response | Deferred | Awaitable[Response]]
+# A coroutine may answer with a Deferred too (a send that first waited for its new topic's route,
+# then waits for a slave's ack).
+Handler = Callable[["Connection", RemotingCommand], Response | Deferred | Awaitable[Response | Deferred]]
 
 _conn_ids = itertools.count(1)
 # Opaques of requests this server sends to its peers (their responses come back with them).
@@ -276,13 +278,16 @@ class Connection(asyncio.Protocol):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, pending: Awaitable[Response], cmd: RemotingCommand, started: float) -> None:
+    async def _run(self, pending: Awaitable[Response | Deferred], cmd: RemotingCommand, started: float) -> None:
         try:
             response = await pending
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             response = self._error_response(cmd, exc)
+        if isinstance(response, Deferred):
+            response.attach(self, cmd, started)
+            return
         self._finish(cmd, response, started=started)
 
     def _future_done(self, cmd: RemotingCommand, started: float, fut: asyncio.Future[Response]) -> None:
