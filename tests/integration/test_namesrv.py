@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
-from tests.integration.helpers import create_topic, poll, route, rpc, wait_route
+from tests.integration.helpers import PY, create_topic, poll, route, rpc, wait_route
 from tests.support.procs import BrokerProc
 
 
@@ -122,3 +127,24 @@ def test_stalled_broker_expires(cluster: Cluster) -> None:
     poll(lambda: route_brokers(ns, "SharedTopic") == {"broker-a", "broker-b"}, timeout=15,
          what="broker-b back after SIGCONT")
     wait_route(ns, "OnlyOnB")
+
+
+@pytest.mark.parametrize("kind", ["namesrv", "broker"])
+def test_port_in_use_is_one_line_naming_the_address(kind: str, tmp_path: Path) -> None:
+    """A port another process listens on stops the start with exit status 1 and one line naming
+    the address: the nameserver printed a traceback, the broker an address-less "[Errno 98]"."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        if kind == "namesrv":
+            cmd = [PY, "-m", "rmqbroker.namesrv.main", "--listen", f"127.0.0.1:{port}",
+                   "--kv-config-path", str(tmp_path / "kvConfig.json")]
+        else:
+            cmd = [PY, "-m", "rmqbroker.main", "--set", f"storePathRootDir={tmp_path / 'store'}", "--set",
+                   "brokerName=broker-x", "--set", "listenHost=127.0.0.1", "--set", f"listenPort={port}",
+                   "--set", "fastListenPort=0"]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"cannot start: [Errno 98] cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr

@@ -137,7 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     async def run(stop: asyncio.Event) -> None:
         ns = Namesrv(host, port, args.broker_expiry_seconds, args.scan_interval_seconds, kv,
                      args.order_message_enable, tls, args.server_channel_max_idle_seconds)
-        await ns.start()
+        try:
+            await ns.start()
+        except OSError as exc:
+            # A port in use is a set-up mistake, not a bug: one line, no traceback, as rmq-broker says it.
+            log.error("cannot start: %s", exc)
+            await ns.stop()
+            raise SystemExit(1) from exc
         print(f"rmq-namesrv listening on {host}:{ns.server.port}", flush=True)
         await stop.wait()
         log.info("shutting down")

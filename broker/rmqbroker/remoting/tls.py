@@ -359,9 +359,11 @@ class SniffingListener:
             sock.bind(addr)
             sock.listen(backlog)
             sock.setblocking(False)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            # Name the address: "[Errno 98] Address already in use" alone does not say which of a
+            # broker's ports (listen, VIP channel) another process holds.
+            raise OSError(exc.errno, f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from exc
         self._sock = sock
         self.port = int(sock.getsockname()[1])
         self._accept_task = loop.create_task(self._accept_loop(sock), name=f"{self.name} accept")
