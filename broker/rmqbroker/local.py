@@ -271,14 +271,21 @@ def status(data_dir: Path) -> int:
     if not state_path.exists():
         print(f"rmq-local: no group state in {data_dir} (is `rmq-local up` running?)", file=sys.stderr)
         return 1
-    state = json.loads(state_path.read_text())
-    if "groups" not in state:
-        print(status_table(state))
-        return 0
-    tables = []
-    for name in state["groups"]:
-        group_state = json.loads((data_dir / name / STATE_FILE).read_text())
-        tables.append(f"== BrokerGroup {name} ==\n{status_table(group_state)}")
+    path = state_path
+    try:
+        state = json.loads(state_path.read_text())
+        if "groups" not in state:
+            print(status_table(state))
+            return 0
+        tables = []
+        for name in state["groups"]:
+            path = data_dir / name / STATE_FILE
+            group_state = json.loads(path.read_text())
+            tables.append(f"== BrokerGroup {name} ==\n{status_table(group_state)}")
+    except (OSError, ValueError) as exc:
+        # A damaged or half-removed data directory: say which file, not a traceback.
+        print(f"rmq-local: cannot read {path}: {exc}", file=sys.stderr)
+        return 1
     print("\n\n".join(tables))
     return 0
 
