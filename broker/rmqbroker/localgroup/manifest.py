@@ -291,9 +291,8 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha
-    secrets = data_dir / SECRETS_DIR
     if spec.acl is not None:
-        conf |= {"aclEnable": "true", "aclFile": str(secrets / "acl" / ACL_FILE_NAME),
+        conf |= {"aclEnable": "true", "aclFile": str(acl_file_path(data_dir, ordinal)),
                  "aclAccessKey": spec.acl.access_key, "aclSecretKey": spec.acl.secret_key}
     if spec.tls is not None:
         conf |= {"tlsEnable": "true", "tlsServerMode": spec.tls.mode,
@@ -311,13 +310,20 @@ def tls_properties_path(data_dir: Path) -> Path:
     return data_dir / SECRETS_DIR / tls_conf.PROPERTIES_FILE
 
 
+def acl_file_path(data_dir: Path, ordinal: int) -> Path:
+    """The plain_acl.yml of the broker at ``ordinal``: each broker has its own copy of the Secret's,
+    as each Java broker has its own file. Shared, a change sent to every broker (rmq-admin's ``-c``)
+    was made by the first for all, and the others then refused a deletion ("not existed")."""
+    return data_dir / SECRETS_DIR / "acl" / f"broker-{ordinal}" / ACL_FILE_NAME
+
+
 def write_secrets(spec: GroupSpec, data_dir: Path) -> Path | None:
     """The Secrets' files of ``spec`` under ``data_dir/secrets`` (owner-only), and tls.properties;
     the tls.properties path, if TLS is on."""
     secrets = data_dir / SECRETS_DIR
     files: dict[Path, bytes] = {}
     if spec.acl is not None:
-        files[secrets / "acl" / ACL_FILE_NAME] = spec.acl.acl_file
+        files |= {acl_file_path(data_dir, ordinal): spec.acl.acl_file for ordinal in range(spec.replicas)}
     props = None
     if spec.tls is not None:
         files |= {secrets / "tls" / name: content for name, content in spec.tls.files}

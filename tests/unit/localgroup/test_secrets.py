@@ -50,13 +50,15 @@ def test_secrets_of_the_manifest_reach_the_brokers_files_and_conf(tmp_path: Path
     assert f"tls.server.certPath={data}/secrets/tls/tls.crt" in text
     assert "tls.server.need.client.auth=optional" in text and "tls.server.authClient=true" in text
     assert (data / "secrets" / "tls" / "ca.crt").read_bytes() == b"CA"
-    assert (data / "secrets" / "acl" / "plain_acl.yml").read_text() == "accounts: []"
+    # One copy per broker, as each Java broker has its own file (see the ACL part of test_local_group).
+    for ordinal in (0, 1):
+        assert (data / "secrets" / "acl" / f"broker-{ordinal}" / "plain_acl.yml").read_text() == "accounts: []"
     for path in (data / "secrets").rglob("*"):
         if path.is_file():
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     conf = render_conf(spec, 1, 1, data, {"listen": 1, "ha": 2, "admin": 3}, "ns:9876", "m:2", tmp_path / "t")
     for line in ("tlsEnable=true", "tlsServerMode=enforcing", f"tlsConfigFile={props}", "aclEnable=true",
-                 f"aclFile={data}/secrets/acl/plain_acl.yml", "aclAccessKey=ak", "aclSecretKey=sk"):
+                 f"aclFile={data}/secrets/acl/broker-1/plain_acl.yml", "aclAccessKey=ak", "aclSecretKey=sk"):
         assert line in conf.splitlines(), line
 
 
