@@ -154,25 +154,30 @@ def _tables(groups: list[LocalGroup], events: bool) -> str:
     return "\n\n".join(f"== BrokerGroup {g.spec.name} ==\n{status_table(g.state(), events=events)}" for g in groups)
 
 
-def _banner(groups: list[LocalGroup], token_file: Path) -> None:
+def _banner(groups: list[LocalGroup], token_file: Path) -> str:
+    """What the group is and how to reach it: printed once, and on top of every redraw of the
+    live table in a terminal (which clears the screen each second)."""
+    lines: list[str] = []
+    add = lines.append
     for group in groups:
         spec, fo = group.spec, group.spec.failover
-        print(f"BrokerGroup {spec.name}: {spec.replicas} broker(s), {spec.replication} replication, "
-              f"master {group.name_of(group.master)} (epoch {group.epoch}), data in {group.data_dir}")
-        print(f"  admin API:   http://127.0.0.1:{group.ports(group.master)['admin']}/status  "
-              f"(Authorization: Bearer $(cat {token_file}))")
-        print("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
-                                   if fo.enabled else "off (spec.failover.enabled: false)"))
+        add(f"BrokerGroup {spec.name}: {spec.replicas} broker(s), {spec.replication} replication, "
+            f"master {group.name_of(group.master)} (epoch {group.epoch}), data in {group.data_dir}")
+        add(f"  admin API:   http://127.0.0.1:{group.ports(group.master)['admin']}/status  "
+            f"(Authorization: Bearer $(cat {token_file}))")
+        add("  failover:    " + (f"a slave is promoted when the master is unreachable for {fo.master_lost_seconds}s"
+                               if fo.enabled else "off (spec.failover.enabled: false)"))
         if spec.tls is not None:
             t = spec.tls
-            print(f"  TLS:         {t.mode} on the remoting ports, client certificates {t.client_auth} "
-                  f"(Secret {t.secret_name}; files in {group.data_dir / 'secrets'})")
+            add(f"  TLS:         {t.mode} on the remoting ports, client certificates {t.client_auth} "
+                f"(Secret {t.secret_name}; files in {group.data_dir / 'secrets'})")
         if spec.acl is not None:
-            print(f"  ACL:         on (Secret {spec.acl.secret_name}): clients sign with an account of "
-                  "its plain_acl.yml (producer.set_session_credentials(accessKey, secretKey, 'LOCAL'))")
+            add(f"  ACL:         on (Secret {spec.acl.secret_name}): clients sign with an account of "
+                "its plain_acl.yml (producer.set_session_credentials(accessKey, secretKey, 'LOCAL'))")
     namesrv = groups[0].namesrv
-    print(f"nameserver:    {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
-    print("Ctrl-C stops every process; a process that exits is started again.\n", flush=True)
+    add(f"nameserver:    {namesrv}   (clients: producer.set_namesrv_addr('{namesrv}'))")
+    add("Ctrl-C stops every process; a process that exits is started again.\n")
+    return "\n".join(lines) + "\n"
 
 
 def up(manifest: Path, data_dir: Path, base_port: int, namesrv_port: int, once: bool) -> int:
@@ -228,7 +233,8 @@ def _up(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv_port: in
                           + _last_words(proc), file=sys.stderr)
                     return 1
         _save(groups, data_dir)
-        _banner(groups, token_file)
+        banner = _banner(groups, token_file)
+        print(banner, end="", flush=True)
         if once:
             print(_tables(groups, events=False))
             return 0
@@ -239,7 +245,7 @@ def _up(specs: list[GroupSpec], data_dir: Path, base_port: int, namesrv_port: in
             for group in groups:
                 group.tick(time.monotonic())
             if interactive:
-                sys.stdout.write("\x1b[H\x1b[J" + _tables(groups, events=True) + "\n")
+                sys.stdout.write("\x1b[H\x1b[J" + banner + _tables(groups, events=True) + "\n")
             else:
                 # Events are kept in bounded lists: print the ones this pass added.
                 prefix = len(groups) > 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -46,6 +48,37 @@ def test_local_group_up_once(tmp_path: Path) -> None:
     conf = (tmp_path / "data" / "broker-1.conf").read_text()
     assert "brokerRole=SLAVE" in conf and "haMasterAddress" not in conf  # NameServer discovery
     assert "defaultTopicQueueNums=2" in conf
+
+
+def test_live_table_in_a_terminal_keeps_the_addresses_on_screen(tmp_path: Path) -> None:
+    """In a terminal the table is redrawn every second on a cleared screen: the banner (nameserver
+    address, admin endpoint) must be redrawn above it. It was printed once and cleared a second
+    later, so `make run` never showed a newcomer where to connect."""
+    manifest = tmp_path / "bg.yaml"
+    manifest.write_text("kind: BrokerGroup\nmetadata: {name: tty}\nspec: {replicas: 1}\n")
+    base = free_port_block(32) + 2
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "rmqbroker.local", "up", str(manifest), "--data-dir",
+                             str(tmp_path / "d"), "--base-port", str(base), "--namesrv-port", str(base + 29)],
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while screen.count(b"\x1b[H\x1b[J") < 2 and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([controller], [], [], 0.5)[0]:
+                screen += os.read(controller, 65536)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(OSError):  # drain, so the stop's output cannot block on a full pty
+            while select.select([controller], [], [], 0.5)[0] and os.read(controller, 65536):
+                pass
+        proc.wait(timeout=30)
+        os.close(controller)
+    last = screen.rsplit(b"\x1b[H\x1b[J", 1)[-1].decode()
+    assert screen.count(b"\x1b[H\x1b[J") >= 2, screen.decode(errors="replace")
+    assert f"nameserver:    127.0.0.1:{base + 29}" in last and f"http://127.0.0.1:{base + 5}/status" in last, last
+    assert "BROKER" in last
 
 
 def test_local_group_rejects_bad_manifest(tmp_path: Path) -> None:
