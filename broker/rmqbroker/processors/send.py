@@ -367,6 +367,9 @@ class SendMessageProcessor:
                 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     dlq = self._dlq_if_exhausted(topic, reconsume_times, max_reconsume_times, cmd.version, props)
                     props_string = None  # the properties may have changed (DELAY dropped for the DLQ)
+            # Cleared first: a send that failed after creating a topic (an error other than
+            # SendRejected) must not hold back the next one.
+            self._created_topic = False
             tc = self._topic_config(topic, queue_id, default_topic, default_queue_nums, conn.remote_addr)
             if queue_id < 0:
                 queue_id = random.randrange(max(tc.write_queue_nums, 1))
