@@ -167,7 +167,7 @@ class Broker:
         self.supervisor = Supervisor()
         self.epochs = EpochStore(config_dir)
         self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed,
-                                                 self.request_register)
+                                                 self.request_master_query)
         self.ctx.relays_from = self.replication.ha.streams_to
         if settings.relaySendsToMaster:
             self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,
@@ -178,8 +178,11 @@ class Broker:
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
         self._register_event = asyncio.Event()
-        # Requests waiting for the next registration round to be answered (register_and_wait).
+        # Requests waiting for the next full registration to be answered (register_and_wait).
         self._register_waiters: list[asyncio.Future[None]] = []
+        # The next registration carries the whole topic table (see _register_loop); cleared as it starts.
+        self._full_register_due = True
+        self._last_full_register = float("-inf")  # monotonic time the last full one started
         self.started_ms = 0
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
@@ -319,6 +322,13 @@ class Broker:
 
     # -- registration --
     def request_register(self) -> None:
+        """Register with the whole topic table soon (a topic, the role or the permission changed)."""
+        self._full_register_due = True
+        self._register_event.set()
+
+    def request_master_query(self) -> None:
+        """Register soon to learn which broker is master now (a slave that cannot follow its own);
+        a slave's topic table is not sent for that (see register_all's ``lean``)."""
         self._register_event.set()
 
     async def register_and_wait(self) -> None:
@@ -329,6 +339,7 @@ class Broker:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._register_waiters.append(waiter)
+        self._full_register_due = True
         self._register_event.set()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(ROUTE_WAIT_S):
@@ -339,12 +350,22 @@ class Broker:
             self.broker_stats.forget_topic(topic)
         self.request_register()
 
-    async def register_all(self) -> bool:
-        """Register with every nameserver; True when all of them accepted."""
+    async def register_all(self, *, lean: bool = False) -> bool:
+        """Register with every nameserver; True when all of them accepted.
+
+        ``lean``: a slave sends its topic table's dataVersion without the table. The nameservers
+        take a topic table from brokerId 0 only (ours, and RocketMQ 4.9's RouteInfoManager.
+        registerBroker); of a slave they keep the address, the HA address and the dataVersion,
+        all of which a lean registration carries. A slave that cannot follow its master asks
+        again every few seconds for as long as the master is gone, and its whole table (hundreds
+        of KB with thousands of topics) went to every nameserver each time for nothing.
+        """
         s = self.settings
         if not s.namesrv_addrs:
             return True
-        wrapper = self.topics.wrapper_obj()
+        # Read once: the body's form and the brokerId it is registered under must agree.
+        broker_id = self.ctx.broker_id
+        wrapper = self.topics.wrapper_obj(topics=() if lean and broker_id != 0 else None)
         if not (perm_readable(s.brokerPermission) and perm_writeable(s.brokerPermission)):
             # As Java's registerBrokerAll: while the broker is not read-write, every route it registers
             # carries the broker's permission instead of the topic's.
@@ -352,7 +373,7 @@ class Broker:
                 tc["perm"] = s.brokerPermission
         results = await self.outer.register_broker_all(
             s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
-            broker_name=s.brokerName, broker_id=self.ctx.broker_id, ha_server_addr=s.ha_server_addr,
+            broker_name=s.brokerName, broker_id=broker_id, ha_server_addr=s.ha_server_addr,
             topic_config_wrapper=wrapper, epoch=self.epochs.epoch)
         if results:
             self.registered = True
@@ -370,27 +391,40 @@ class Broker:
         while True:
             # Read each round: UPDATE_BROKER_CONFIG may change it.
             period = max(10.0, min(self.settings.registerNameServerPeriod / 1000, 60.0))
-            complete = False
-            # Cleared before the round, not after: a change made while it is under way (its table
-            # was read already) must start another round, not wait a whole period.
+            # Cleared before the registration, not after: a request made while it is in flight (a
+            # promotion's, a new topic's) is answered by another one, not left to the next period.
             self._register_event.clear()
-            # Taken just before register_all reads the table: these waiters' changes are in it.
-            waiters, self._register_waiters = self._register_waiters, []
+            # Full: the periodic one, what request_register asked for, and a retry after a failure
+            # (a nameserver that missed it gets everything). Lean: only a slave's question for its
+            # master (request_master_query, or the last answer named none).
+            now = time.monotonic()
+            full = self._full_register_due or now - self._last_full_register >= period
+            self._full_register_due = False
+            if full:
+                self._last_full_register = now
+            complete = False
+            ask_again = False
+            # Taken just before register_all reads the table: these waiters' changes are in it
+            # (register_and_wait asked for a full registration, so this one is).
+            waiters: list[asyncio.Future[None]] = []
+            if full:
+                waiters, self._register_waiters = self._register_waiters, []
             try:
-                complete = await self.register_all()
-                if complete and self.ctx.is_slave and not self.master_addr:
-                    # Registered before its master did (a group starting together): the answer named
-                    # no master, and the metadata sync waits for one. Ask again soon, not a period later.
-                    complete = False
+                complete = await self.register_all(lean=not full)
+                # Registered before its master did (a group starting together), or the master is
+                # gone: the answer named no master, and the slave waits for one. Ask again soon.
+                ask_again = complete and self.ctx.is_slave and not self.master_addr
             except Exception:
                 log.exception("registration with nameservers failed")
             finally:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+            if not complete:
+                self._full_register_due = True
             try:
                 # A nameserver that was unreachable is retried soon, not a whole period later.
-                async with asyncio.timeout(period if complete else 3.0):
+                async with asyncio.timeout(period if complete and not ask_again else 3.0):
                     await self._register_event.wait()
                 # Coalesce bursts of topic changes (e.g. many auto-created topics) into one register.
                 await asyncio.sleep(0.05)

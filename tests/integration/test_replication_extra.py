@@ -4,6 +4,7 @@ consumers reading from the slave while the master is down."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.remoting.client import RemotingClient
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
+from rmqbroker.remoting.frame import RemotingCommand
 from tests.conftest import Cluster
 from tests.integration.helpers import (
     PushConsumer,
@@ -27,6 +30,7 @@ from tests.integration.helpers import (
     wait_caught_up,
 )
 from tests.integration.test_replication import SEG, assert_commitlogs_identical
+from tests.support.nsrelay import NamesrvRelay
 from tests.support.procs import BrokerProc
 
 
@@ -143,6 +147,67 @@ def test_promoted_then_demoted_slave_asks_the_nameserver_again(cluster: Cluster)
     set_role(s2, "ASYNC_MASTER", 0, 2)
     poll(lambda: follows(s1, s2) and follows(a, s2), 15, what="S1 and A follow S2")
     assert s1.status()["metadataSync"]["masterAddress"] == s2.addr
+
+
+def _create_topics(broker: str, names: list[str]) -> None:
+    """UPDATE_AND_CREATE_TOPIC for each name, on one connection."""
+
+    async def run() -> None:
+        client = RemotingClient()
+        try:
+            for name in names:
+                resp = await client.invoke(broker, RemotingCommand(RequestCode.UPDATE_AND_CREATE_TOPIC, ext_fields={
+                    "topic": name, "defaultTopic": "TBW102", "readQueueNums": "4", "writeQueueNums": "4",
+                    "perm": "6", "topicFilterType": "SINGLE_TAG"}), 5.0)
+                assert resp.code == ResponseCode.SUCCESS, resp
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_slave_asks_for_its_lost_master_without_its_topic_table(cluster: Cluster) -> None:
+    """A slave that cannot follow its master asks the nameservers again every 3 s for as long as
+    the master is gone; those registrations carry the dataVersion but not the topic table, which
+    no nameserver takes from a slave (brokerId != 0). What the nameserver receives is read off a
+    relay in front of it. Routes stay as they were, and the slave still finds the new master at
+    its next question."""
+    ns = cluster.namesrv()
+    relay = NamesrvRelay(ns.addr).start()
+    try:
+        a = cluster.broker(ns.addr, name="broker-r", broker_id=0)
+        topics = [f"LeanTopic{i}" for i in range(200)]
+        _create_topics(a.addr, topics)
+        s1 = cluster.broker(relay.addr, name="broker-r", broker_id=1, role="SLAVE", slaveSyncInitialDelay=100)
+        s2 = cluster.broker(ns.addr, name="broker-r", broker_id=2, role="SLAVE")
+        poll(lambda: s1.status()["topics"] > len(topics) and follows(s1, a) and follows(s2, a), 15,
+             what="S1 synced A's topics; both slaves follow A")
+        held = s1.status()["topics"]
+        first = relay.registrations(s1.addr)[0]
+        assert first.topics > 0, first  # a registration other than a question for the master: the table
+
+        a.kill9()
+        killed = time.monotonic()
+        # S1's HA connection ends: it asks at once (nothing names a master while A's entry is gone).
+        poll(lambda: relay.registrations(s1.addr, since=killed), 5, what="S1 asked the nameserver again")
+        set_role(s2, "ASYNC_MASTER", 0, 1)
+        poll(lambda: follows(s1, s2), 6, what="S1 follows the promoted S2 (its next question, <= 3 s)")
+        asked = relay.registrations(s1.addr, since=killed)
+        version = s1.status()["dataVersions"]["topics"]
+        assert asked and all(r.topics == 0 and r.body_bytes < 500 and r.data_version == version
+                             for r in asked), (held, asked)
+
+        # Routes unaffected: every topic still routed to broker-r, whose brokerId 0 is S2 now.
+        poll(lambda: broker_addrs(ns.addr, topics[-1]) == {"0": s2.addr, "1": s1.addr}, 10,
+             what="route lists S2 as brokerId 0 and S1 as 1")
+        listed = json.loads(bytes(rpc(ns.addr, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body))["topicList"]
+        assert set(topics) <= set(listed)
+        for topic in (topics[0], topics[-1]):
+            r = route(ns.addr, topic)
+            assert r is not None and [(q["brokerName"], q["readQueueNums"], q["writeQueueNums"], q["perm"])
+                                      for q in r["queueDatas"]] == [("broker-r", 4, 4, 6)], r
+    finally:
+        relay.stop()
 
 
 def _messages_on(broker: BrokerProc, topic: str, queues: int = 4) -> int:

@@ -24,7 +24,8 @@ from rmqbroker.store.message_store import ROLES
 log = logging.getLogger(__name__)
 
 # A slave that learns its master from the nameserver and cannot follow it asks the nameserver
-# again (a registration) at most this often: as often as a slave whose answer named no master.
+# again (a registration without its topic table, which no nameserver takes from a slave) at most
+# this often: as often as a slave whose answer named no master.
 MASTER_LOST_REGISTER_SECONDS = 3.0
 # A promotion slower than this logs how long each of its steps took.
 SLOW_PROMOTION_SECONDS = 1.0
@@ -49,6 +50,7 @@ class ReplicationController:
 
     def __init__(self, ctx: BrokerContext, settings: BrokerSettings, epochs: EpochStore, api: BrokerOuterApi,
                  on_role_change: Callable[[str], None], request_register: Callable[[], None] | None = None) -> None:
+        # request_register: asks for a registration whose answer names the master (Broker.request_master_query).
         self.ctx = ctx
         self.settings = settings
         self.epochs = epochs
