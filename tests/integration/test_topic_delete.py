@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rmqbroker.metadata.consumer_offsets import OffsetTable, decode_consumer_offsets
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
 from tests.integration.helpers import (
@@ -213,3 +214,47 @@ def test_slave_forgets_the_offsets_its_master_removed(group: tuple[Namesrv, Brok
     resp = rpc(slave.addr, RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "CG_TOPIC_GONE", "topic": TOPIC,
                                                                "queueId": "0"})
     assert resp.ext_fields.get("offset") != "4", resp
+
+
+def _offsets_on(broker: BrokerProc) -> OffsetTable:
+    resp = rpc(broker.addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+    assert resp.code == ResponseCode.SUCCESS, resp
+    return decode_consumer_offsets(bytes(resp.body))
+
+
+def test_slave_forgets_offsets_of_a_topic_deleted_and_created_again_between_two_rounds(cluster: Cluster) -> None:
+    """The master drops every group's offsets on a topic it deletes. Created again before the
+    slave's next round, the topic never leaves the topic table the slave syncs; the offsets the
+    slave last received from the master and the master no longer reports go all the same (promoted,
+    it would hand them to the new topic's queues, which restart at 0). Offsets committed on the
+    slave itself, which the master never reported, stay, as RocketMQ's putAll keeps them."""
+    ns, master, slave = master_and_slave(cluster, "broker-r", 2000)
+    create_topic_and_wait(master.addr, ns.addr, TOPIC, queues=2)
+    for grp in ("CG_OLD", "CG_HERE"):
+        assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                   body=json.dumps({"groupName": grp}).encode()).code == ResponseCode.SUCCESS
+    for q in (0, 1):
+        assert rpc(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": "CG_OLD", "topic": TOPIC, "queueId": str(q), "commitOffset": "40"}).code == 0
+    poll(lambda: _offsets_on(slave).get(f"{TOPIC}@CG_OLD") == {0: 40, 1: 40}, 10, what="CG_OLD's offsets on the slave")
+
+    def last_sync() -> int:
+        return int(slave.status()["metadataSync"]["lastSuccessMillis"] or 0)
+
+    # Right after a round, so that what follows falls between two rounds (2 s apart).
+    seen = last_sync()
+    poll(lambda: last_sync() > seen, 10, what="a sync round")
+    synced = last_sync()
+    # Committed on the slave (by consumers, while the master was away): never the master's.
+    for grp, q in (("CG_OLD", 1), ("CG_HERE", 0)):
+        assert rpc(slave.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": grp, "topic": TOPIC, "queueId": str(q), "commitOffset": "7"}).code == 0
+    assert rpc(master.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC}).code == ResponseCode.SUCCESS
+    create_topic(master.addr, TOPIC, queues=2)
+    assert last_sync() == synced, "a sync round ran between the deletion and the new topic: retry the test"
+    assert f"{TOPIC}@CG_OLD" not in _offsets_on(master)
+
+    poll(lambda: last_sync() > synced, 10, what="the next sync round")
+    offsets = _offsets_on(slave)
+    assert offsets.get(f"{TOPIC}@CG_OLD") == {1: 7}, offsets  # queue 0's 40 was the master's, gone there
+    assert offsets.get(f"{TOPIC}@CG_HERE") == {0: 7}, offsets

@@ -279,6 +279,7 @@ class ReplicationController:
         # broker follows the master the nameserver names (unless haMasterAddress is configured),
         # not a broker it was re-pointed at terms ago.
         self.pinned_master = bool(self.settings.haMasterAddress)
+        self.metadata_sync.forget_received()
         self.ctx.role = role
         self._apply_role()
         return extra

@@ -13,7 +13,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets, split_offset_key
+from rmqbroker.metadata.consumer_offsets import (
+    ConsumerOffsetManager,
+    OffsetTable,
+    decode_consumer_offsets,
+    split_offset_key,
+)
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offsets
 from rmqbroker.metadata.errors import MetadataError
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager, decode_subscription_group_wrapper
@@ -64,6 +69,10 @@ class SlaveMetadataSync:
         self._restart = asyncio.Event()
         # The address whose topic table last showed it to be this slave's group's master.
         self._verified_master: str | None = None
+        # The consumer offsets the master named here reported in its last round (in memory only:
+        # after a restart, a re-point or a promotion nothing counts as received until a round is).
+        self._received_offsets: OffsetTable = {}
+        self._received_from: str | None = None
 
     def set_master(self, addr: str | None) -> None:
         if addr != self.master_addr:
@@ -191,11 +200,54 @@ class SlaveMetadataSync:
         # (DELETE_SUBSCRIPTIONGROUP with removeOffset) go: promoted, this broker would otherwise
         # hand them to a topic or group created again under the name, whose queues restart at 0.
         gone = [key for key in current if key not in table and self._removed_on_master(key)]
+        dropped, kept = self._received_then_removed(master, current, table, set(gone))
+        gone += dropped
+        if kept:
+            self.offsets.merge_all(kept)
+            changed = True
         if gone and self.offsets.remove_keys(gone):
             log.info("offsets removed on master %s removed here too: %s", master, gone)
             changed = True
+        if kept:
+            log.info("offsets removed on master %s removed here too (queues committed here kept): %s", master,
+                     {key: sorted(set(current[key]) - set(queues)) for key, queues in kept.items()})
+        self._received_offsets = {key: dict(queues) for key, queues in table.items()}
+        self._received_from = master
         if changed:
             await self.offsets.persist_async()
+
+    def _received_then_removed(self, master: str, current: OffsetTable, table: OffsetTable,
+                               gone: set[str]) -> tuple[list[str], OffsetTable]:
+        """The offsets this slave last received from ``master`` that ``master`` no longer reports.
+
+        A topic deleted and created again between two rounds never leaves the topic table, so
+        _removed_on_master keeps the offsets the master dropped with it (those of the groups that
+        have not committed on the new topic yet); promoted, this slave would hand them to the new
+        topic's queues. A queue offset still as the master reported it last round was removed
+        there; one changed since (committed here while the master was away) is kept, as putAll
+        keeps it. Returns the keys to remove whole and, for keys with some queues committed here,
+        what remains of them.
+        """
+        if master != self._received_from:
+            return [], {}
+        dropped: list[str] = []
+        kept: OffsetTable = {}
+        for key, queues in current.items():
+            last = self._received_offsets.get(key)
+            if key in table or key in gone or not last:
+                continue
+            remaining = {qid: offset for qid, offset in queues.items() if last.get(qid) != offset}
+            if not remaining:
+                dropped.append(key)
+            elif len(remaining) < len(queues):
+                kept[key] = remaining
+        return dropped, kept
+
+    def forget_received(self) -> None:
+        """This broker stopped being a slave: what a master reported before says nothing about
+        the offsets it holds once it follows one again (they may be its own consumers' since)."""
+        self._received_offsets = {}
+        self._received_from = None
 
     def _removed_on_master(self, key: str) -> bool:
         """Whether the master no longer has the topic or the group of an offset table key (the
