@@ -231,8 +231,10 @@ def test_metadata_sync_and_unchanged_version_not_rewritten(cluster: Cluster) -> 
                 and "MetaTopic@CG_META" in offsets)
 
     poll(synced, 10, what="slave metadata synced")
-    st = slave.status()["metadataSync"]
-    assert st["masterAddress"] == master.addr and st["lastSuccessMillis"] > 0
+    # The files are written as each table is synced, before the round that wrote them ends.
+    st = poll(lambda: (ms := slave.status()["metadataSync"])["lastSuccessMillis"] > 0 and ms, 5,
+              what="the round that synced them ended")
+    assert st["masterAddress"] == master.addr
     assert st["topicVersion"] == master.status()["dataVersions"]["topics"]
     before = (cfg / "topics.json").stat()
     rounds = st["rounds"]
