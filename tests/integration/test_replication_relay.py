@@ -178,7 +178,13 @@ def test_a_relay_after_waiting_for_the_new_master_still_answers_within_the_send_
     silent = socket.socket()
     silent.bind(("127.0.0.2", a.port))
     silent.listen(16)
-    b = cluster.broker(ns.addr, name="broker-z")
+    # Of a's group (a slave follows only its own group's master), in its own directory, and
+    # registered nowhere: only the re-point below names it a master.
+    other = cluster.workdir / "b"
+    other.mkdir()
+    b = BrokerProc(other, None, name="broker-q")
+    cluster.procs.append(b)
+    b.start()
     code, body = role(b, role="SLAVE", brokerId=1, epoch=0)
     assert code == 200, body
     try:
