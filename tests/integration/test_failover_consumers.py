@@ -356,3 +356,36 @@ def test_a_stock_consumer_past_the_lost_term_reads_the_new_masters_messages(clus
         got = consumer.wait_for(lambda m: {f"new-{i}" for i in range(5)} <= {e["body"] for e in m}, 60,
                                 what="the new master's messages")
     assert sorted(e["body"] for e in got if e["body"].startswith("new-")) == [f"new-{i}" for i in range(5)]
+
+
+def commit_offset(addr: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    assert rpc(addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": group, "topic": topic, "queueId": str(queue_id), "commitOffset": str(offset)}).code == 0
+
+
+def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_return(cluster: Cluster) -> None:
+    """While the master is away a stock consumer commits to the slave (the only broker of the group
+    in its route). The master comes back with its old offsets: the slave's sync keeps the commits it
+    has nothing newer than, so a later promotion continues from them instead of re-delivering what
+    the group consumed during the outage; an offset the master moved since (here a reset back) wins."""
+    master, slave = pair(cluster)
+    group, topic = "CG_AWAY", "OffsetsAway"
+    create_topic(master.addr, topic, queues=2)
+    for q in (0, 1):
+        commit_offset(master.addr, group, topic, q, 5)
+    poll(lambda: [query_consumer_offset(slave.addr, group, topic, q) for q in (0, 1)] == [5, 5], 10,
+         what="the master's offsets synced")
+    master.signal(signal.SIGSTOP)
+    for q in (0, 1):
+        commit_offset(slave.addr, group, topic, q, 9)
+    master.signal(signal.SIGCONT)
+    commit_offset(master.addr, group, topic, 1, 3)  # reset back on the returned master
+
+    def rounds() -> int:
+        return int(slave.status()["metadataSync"]["rounds"])
+
+    after = rounds()
+    poll(lambda: rounds() >= after + 2, 10, what="two sync rounds with the returned master")
+    assert [query_consumer_offset(slave.addr, group, topic, q) for q in (0, 1)] == [9, 3]
+    fail_over(master, slave)
+    assert [query_consumer_offset(slave.addr, group, topic, q) for q in (0, 1)] == [9, 3]

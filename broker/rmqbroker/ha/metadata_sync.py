@@ -191,10 +191,7 @@ class SlaveMetadataSync:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
         table = await asyncio.to_thread(decode_consumer_offsets, body)
         current = self.offsets.table()
-        changed = False
-        if any(current.get(k) != dict(v) for k, v in table.items()):
-            self.offsets.merge_all(table)
-            changed = True
+        changed = self.offsets.merge_all(table)
         # Merged, not replaced (RocketMQ's putAll): offsets committed here while the master was
         # away stay. Those the master removed with their topic (DELETE_TOPIC) or their group
         # (DELETE_SUBSCRIPTIONGROUP with removeOffset) go: promoted, this broker would otherwise

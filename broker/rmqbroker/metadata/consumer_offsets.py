@@ -67,6 +67,12 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         super().__init__(config_dir)
         self._table: OffsetTable = {}
         self._extra: dict[str, Any] = {}
+        # Slave only: (key, queueId) -> the master's offset as last synced, for queues a group
+        # committed to this slave (its master away: stock clients commit to any broker of the
+        # group's route). While the master still reports that same offset, it has nothing newer
+        # (it was down, or came back with its old table), and the sync keeps the group's commit
+        # instead of moving it back. In memory only: a restarted slave takes the master's again.
+        self._ahead_of_master: dict[tuple[str, int], int] = {}
         if autoload:
             self.load()
 
@@ -85,14 +91,22 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
 
     # -- offsets --------------------------------------------------------------------------------
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int, client_host: str = "") -> None:
-        """Record the next offset ``group`` will consume from ``topic``/``queue_id``."""
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, client_host: str = "", *,
+               on_slave: bool = False) -> None:
+        """Record the next offset ``group`` will consume from ``topic``/``queue_id``; ``on_slave``:
+        committed by a client to this broker while it is a slave (kept over the master's stale
+        offset by ``merge_all``)."""
         key = offset_key(topic, group)
         with self._lock:
             queues = self._table.get(key)
             if queues is None:
                 queues = self._table[key] = {}
             previous = queues.get(queue_id)
+            if on_slave:
+                # The master's offset is the one before the first commit here since the last sync.
+                self._ahead_of_master.setdefault((key, queue_id), -1 if previous is None else previous)
+            else:
+                self._ahead_of_master.pop((key, queue_id), None)
             if previous == offset:
                 return
             queues[queue_id] = offset
@@ -158,6 +172,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             for key in doomed:
                 del self._table[key]
             if doomed:
+                self._ahead_of_master = {k: v for k, v in self._ahead_of_master.items() if k[0] not in doomed}
                 self._mark_changed_locked()
         if doomed:
             log.info("removed offsets of group %s on topic %s: %s", group or "*", topic or "*", doomed)
@@ -170,6 +185,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             for key in doomed:
                 del self._table[key]
             if doomed:
+                self._ahead_of_master = {k: v for k, v in self._ahead_of_master.items() if k[0] not in doomed}
                 self._mark_changed_locked()
         if doomed:
             log.info("removed offsets %s", doomed)
@@ -190,11 +206,30 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         with self._lock:
             return {key: dict(queues) for key, queues in self._table.items()}
 
-    def merge_all(self, table: Mapping[str, Mapping[int, int]]) -> None:
-        """Slave sync (§7.6): each incoming ``topic@group`` entry replaces the local one."""
-        if not table:
-            return
+    def merge_all(self, table: Mapping[str, Mapping[int, int]]) -> bool:
+        """Slave sync (§7.6): each incoming ``topic@group`` entry replaces the local one (RocketMQ's
+        putAll), except a queue offset committed here that the master has not moved since: the
+        master still reports the offset it had before, so it knows nothing newer. RocketMQ 4.9
+        takes the master's there too, and a group that committed here while the master was down
+        would re-consume all of it if this slave were promoted later. Once the master reports
+        another offset (the group committed there, or it was reset) it wins again. True if
+        anything changed."""
+        changed = False
         with self._lock:
             for key, queues in table.items():
-                self._table[key] = dict(queues)
-            self._mark_changed_locked()
+                merged = dict(queues)
+                current = self._table.get(key, {})
+                for queue_id in list(current):
+                    base = self._ahead_of_master.get((key, queue_id))
+                    if base is None:
+                        continue
+                    if merged.get(queue_id, -1) == base:
+                        merged[queue_id] = current[queue_id]
+                    else:
+                        del self._ahead_of_master[(key, queue_id)]
+                if merged != current:
+                    self._table[key] = merged
+                    changed = True
+            if changed:
+                self._mark_changed_locked()
+        return changed

@@ -63,7 +63,7 @@ class OffsetProcessor:
     async def update_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = Header(cmd.ext_fields)
         self.ctx.offsets.commit(h.req_str(wire.CONSUMER_GROUP), h.req_str(wire.TOPIC), h.req_int(wire.QUEUE_ID),
-                                h.req_int(wire.COMMIT_OFFSET), conn.remote_addr)
+                                h.req_int(wire.COMMIT_OFFSET), conn.remote_addr, on_slave=self.ctx.is_slave)
         return cmd.make_response(ResponseCode.SUCCESS)
 
     async def get_max_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
