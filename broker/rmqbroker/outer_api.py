@@ -110,5 +110,20 @@ class BrokerOuterApi:
             raise OuterApiError(f"master {master_addr} answered {int(code)} with {resp.code}: {resp.remark}")
         return bytes(resp.body)
 
+    async def update_consumer_offset(self, master_addr: str, group: str, topic: str, queue_id: int,
+                                     offset: int) -> None:
+        """UPDATE_CONSUMER_OFFSET to the master, as a stock consumer sends it."""
+        ext = {wire.CONSUMER_GROUP: group, wire.TOPIC: topic, wire.QUEUE_ID: str(queue_id),
+               wire.COMMIT_OFFSET: str(offset)}
+        if self.credentials is not None:
+            sign(ext, b"", *self.credentials)
+        try:
+            resp = await self.client.invoke(master_addr, RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
+                                                                         ext_fields=ext), self.timeout)
+        except RemotingError as exc:
+            raise OuterApiError(f"offset update to master {master_addr} failed: {exc}") from exc
+        if resp.code != ResponseCode.SUCCESS:
+            raise OuterApiError(f"master {master_addr} refused an offset update: {resp.code} {resp.remark}")
+
     async def close(self) -> None:
         await self.client.close()

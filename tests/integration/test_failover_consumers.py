@@ -366,8 +366,9 @@ def commit_offset(addr: str, group: str, topic: str, queue_id: int, offset: int)
 def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_return(cluster: Cluster) -> None:
     """While the master is away a stock consumer commits to the slave (the only broker of the group
     in its route). The master comes back with its old offsets: the slave's sync keeps the commits it
-    has nothing newer than, so a later promotion continues from them instead of re-delivering what
-    the group consumed during the outage; an offset the master moved since (here a reset back) wins."""
+    has nothing newer than and hands them to the master, so neither a consumer restarted against the
+    master nor a later promotion re-delivers what the group consumed during the outage; an offset
+    the master moved since (here a reset back) wins."""
     master, slave = pair(cluster)
     group, topic = "CG_AWAY", "OffsetsAway"
     create_topic(master.addr, topic, queues=2)
@@ -387,5 +388,7 @@ def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_re
     after = rounds()
     poll(lambda: rounds() >= after + 2, 10, what="two sync rounds with the returned master")
     assert [query_consumer_offset(slave.addr, group, topic, q) for q in (0, 1)] == [9, 3]
+    # ...and hands the kept one to the master, where a restarted consumer reads its offsets.
+    assert [query_consumer_offset(master.addr, group, topic, q) for q in (0, 1)] == [9, 3]
     fail_over(master, slave)
     assert [query_consumer_offset(slave.addr, group, topic, q) for q in (0, 1)] == [9, 3]

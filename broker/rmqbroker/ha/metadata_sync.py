@@ -212,6 +212,19 @@ class SlaveMetadataSync:
         self._received_from = master
         if changed:
             await self.offsets.persist_async()
+        await self._relay_offsets(master)
+
+    async def _relay_offsets(self, master: str) -> None:
+        """Hand the master the commits a group made here while it was away and that it still has
+        nothing newer than. Stock clients commit to the master again only once their route shows it
+        (every 30 s), and read their offsets from it when they restart or take over a queue: without
+        this, a group that stopped or rebalanced in that time would re-consume everything it
+        consumed during the outage (RocketMQ 4.9 does). The next round finds the master's offset
+        moved and takes it again."""
+        for group, topic, queue_id, offset in self.offsets.kept_over_master():
+            await self.api.update_consumer_offset(master, group, topic, queue_id, offset)
+            log.info("offset of %s on %s queue %d committed here while master %s was away handed to it: %d",
+                     group, topic, queue_id, master, offset)
 
     def _received_then_removed(self, master: str, current: OffsetTable, table: OffsetTable,
                                gone: set[str]) -> tuple[list[str], OffsetTable]:

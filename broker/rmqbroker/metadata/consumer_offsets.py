@@ -201,6 +201,17 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             self._mark_changed_locked()
         return True
 
+    def kept_over_master(self) -> list[tuple[str, str, int, int]]:
+        """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""
+        out: list[tuple[str, str, int, int]] = []
+        with self._lock:
+            for (key, queue_id), base in self._ahead_of_master.items():
+                offset = self._table.get(key, {}).get(queue_id)
+                parts = split_offset_key(key)
+                if offset is not None and offset != base and parts is not None:
+                    out.append((parts[1], parts[0], queue_id, offset))
+        return out
+
     def table(self) -> OffsetTable:
         """A deep copy of the whole table."""
         with self._lock:
