@@ -219,10 +219,11 @@ class SlaveMetadataSync:
         nothing newer than. Stock clients commit to the master again only once their route shows it
         (every 30 s), and read their offsets from it when they restart or take over a queue: without
         this, a group that stopped or rebalanced in that time would re-consume everything it
-        consumed during the outage (RocketMQ 4.9 does). The next round finds the master's offset
-        moved and takes it again."""
+        consumed during the outage (RocketMQ 4.9 does). Until the master reports an offset other
+        than the one handed to it, later commits here are handed on too."""
         for group, topic, queue_id, offset in self.offsets.kept_over_master():
             await self.api.update_consumer_offset(master, group, topic, queue_id, offset)
+            self.offsets.relayed(group, topic, queue_id, offset)
             log.info("offset of %s on %s queue %d committed here while master %s was away handed to it: %d",
                      group, topic, queue_id, master, offset)
 

@@ -67,12 +67,11 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         super().__init__(config_dir)
         self._table: OffsetTable = {}
         self._extra: dict[str, Any] = {}
-        # Slave only: (key, queueId) -> the master's offset as last synced, for queues a group
-        # committed to this slave (its master away: stock clients commit to any broker of the
-        # group's route). While the master still reports that same offset, it has nothing newer
-        # (it was down, or came back with its old table), and the sync keeps the group's commit
-        # instead of moving it back. In memory only: a restarted slave takes the master's again.
-        self._ahead_of_master: dict[tuple[str, int], int] = {}
+        # Slave only: (key, queueId) -> (the master's offset as last synced, whether this slave has
+        # handed the master its commits since), for queues a group committed to this slave (its
+        # master away: stock clients commit to any broker of the group's route). See merge_all.
+        # In memory only: a restarted slave takes the master's offsets again.
+        self._ahead_of_master: dict[tuple[str, int], tuple[int, bool]] = {}
         if autoload:
             self.load()
 
@@ -104,7 +103,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             previous = queues.get(queue_id)
             if on_slave:
                 # The master's offset is the one before the first commit here since the last sync.
-                self._ahead_of_master.setdefault((key, queue_id), -1 if previous is None else previous)
+                self._ahead_of_master.setdefault((key, queue_id), (-1 if previous is None else previous, False))
             else:
                 self._ahead_of_master.pop((key, queue_id), None)
             if previous == offset:
@@ -205,12 +204,21 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""
         out: list[tuple[str, str, int, int]] = []
         with self._lock:
-            for (key, queue_id), base in self._ahead_of_master.items():
+            for (key, queue_id), (base, _) in self._ahead_of_master.items():
                 offset = self._table.get(key, {}).get(queue_id)
                 parts = split_offset_key(key)
                 if offset is not None and offset != base and parts is not None:
                     out.append((parts[1], parts[0], queue_id, offset))
         return out
+
+    def relayed(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """The master now has ``offset`` from this slave: it is the master's offset commits here are
+        measured against (one the group makes here later is kept and handed on in turn, not lost to
+        the master's next report)."""
+        pending = (offset_key(topic, group), queue_id)
+        with self._lock:
+            if pending in self._ahead_of_master:
+                self._ahead_of_master[pending] = (offset, True)
 
     def table(self) -> OffsetTable:
         """A deep copy of the whole table."""
@@ -219,22 +227,27 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
 
     def merge_all(self, table: Mapping[str, Mapping[int, int]]) -> bool:
         """Slave sync (§7.6): each incoming ``topic@group`` entry replaces the local one (RocketMQ's
-        putAll), except a queue offset committed here that the master has not moved since: the
-        master still reports the offset it had before, so it knows nothing newer. RocketMQ 4.9
-        takes the master's there too, and a group that committed here while the master was down
-        would re-consume all of it if this slave were promoted later. Once the master reports
-        another offset (the group committed there, or it was reset) it wins again. True if
-        anything changed."""
+        putAll), except a queue offset committed here that the master knows nothing newer than.
+        RocketMQ 4.9 takes the master's there too, so a group that committed here while the master
+        was down re-consumes all of it if this slave is promoted later, or when it restarts against
+        the master, which never got those commits (SlaveMetadataSync hands them over). Until this
+        slave has handed its commits to the master, a master offset at or below the one last
+        synced is taken for the master's stale table (a kill -9 also loses up to
+        flushConsumerOffsetInterval of its commits); after, any offset but the one handed over is
+        the master's own (the group committed there, or it was reset) and wins. True if anything
+        changed."""
         changed = False
         with self._lock:
             for key, queues in table.items():
                 merged = dict(queues)
                 current = self._table.get(key, {})
                 for queue_id in list(current):
-                    base = self._ahead_of_master.get((key, queue_id))
-                    if base is None:
+                    pending = self._ahead_of_master.get((key, queue_id))
+                    if pending is None:
                         continue
-                    if merged.get(queue_id, -1) == base:
+                    base, handed = pending
+                    theirs = merged.get(queue_id, -1)
+                    if theirs == base or (not handed and theirs < base):
                         merged[queue_id] = current[queue_id]
                     else:
                         del self._ahead_of_master[(key, queue_id)]
