@@ -389,6 +389,9 @@ def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_re
     master.kill9()
     for q in (0, 1):
         commit_offset(slave.addr, group, topic, q, 9)
+    # A group whose first consumer started during the outage: the master has neither the group nor
+    # its offsets; its commits on the slave are handed over all the same, not dropped as removed.
+    commit_offset(slave.addr, "CG_NEW", topic, 0, 7)
     # Its file as a kill -9 leaves it when the last flush was before the group's last commit.
     (master.store_dir / "config" / "consumerOffset.json").write_text(
         json.dumps({"offsetTable": {f"{topic}@{group}": {"0": 4, "1": 4}}}))
@@ -397,6 +400,9 @@ def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_re
     # Kept, and handed to the master, where a restarted consumer reads its offsets.
     poll(lambda: offsets(master) == [9, 9], 10, what="the slave's commits handed to the master")
     assert offsets(slave) == [9, 9]
+    poll(lambda: query_consumer_offset(master.addr, "CG_NEW", topic, 0) == 7, 10,
+         what="the new group's commit handed to the master")
+    assert query_consumer_offset(slave.addr, "CG_NEW", topic, 0) == 7
     # Before the next round (1 s): the consumer's route does not show the master yet, so it goes on
     # committing here; on the master the group's offset of queue 1 is reset back.
     commit_offset(slave.addr, group, topic, 0, 11)

@@ -259,15 +259,22 @@ class SlaveMetadataSync:
         the offsets it holds once it follows one again (they may be its own consumers' since)."""
         self._received_offsets = {}
         self._received_from = None
+        # Commits made here as a slave are this master's own offsets now, not ones to hand over.
+        self.offsets.forget_slave_commits()
 
     def _removed_on_master(self, key: str) -> bool:
         """Whether the master no longer has the topic or the group of an offset table key (the
-        topic and group tables are the master's as of this round)."""
+        topic and group tables are the master's as of this round), or never had a group whose
+        commits this slave has to hand over."""
         parts = split_offset_key(key)
         if parts is None:
             return False
         topic, group = parts
-        return topic not in self.topics or group not in self.groups
+        if topic not in self.topics:
+            return True
+        # A group first seen while the master was away (its consumer started then) exists only
+        # here: its commits are handed to the master below, not dropped as removed there.
+        return group not in self.groups and not self.offsets.committed_here(key)
 
     async def _sync_delay(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_DELAY_OFFSET)

@@ -200,6 +200,17 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             self._mark_changed_locked()
         return True
 
+    def forget_slave_commits(self) -> None:
+        """This broker is a master now: no commit made here is measured against another master."""
+        with self._lock:
+            self._ahead_of_master.clear()
+
+    def committed_here(self, key: str) -> bool:
+        """Whether a group committed a queue of ``topic@group`` to this slave that the master has
+        nothing newer than (see merge_all)."""
+        with self._lock:
+            return any(k == key for k, _ in self._ahead_of_master)
+
     def kept_over_master(self) -> list[tuple[str, str, int, int]]:
         """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""
         out: list[tuple[str, str, int, int]] = []
