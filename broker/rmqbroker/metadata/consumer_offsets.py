@@ -258,7 +258,15 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                         continue
                     base, handed = pending
                     theirs = merged.get(queue_id, -1)
-                    if theirs == base or (not handed and theirs < base):
+                    # Before the hand-over, a master offset between the base and the group's commit
+                    # here is stale too: the base is the master's offset as of the last round before
+                    # the outage, and the master may come back with a later one that still predates
+                    # every commit made here (one flushed after that round and before a kill -9; a
+                    # hung master, SIGSTOP, applies on resuming the commits queued in its sockets).
+                    # A group's commits only move forward, except resets: one made on the returned
+                    # master before the hand-over is overridden, as with their offsets below the base.
+                    mine = current[queue_id]
+                    if theirs == base or (not handed and (theirs < base or theirs < mine)):
                         merged[queue_id] = current[queue_id]
                     else:
                         del self._ahead_of_master[(key, queue_id)]
