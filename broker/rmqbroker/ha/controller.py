@@ -74,7 +74,7 @@ class ReplicationController:
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
                                   housekeeping_interval=settings.haHousekeepingInterval / 1000,
                                   epochs=epochs, truncate=self._truncate, on_master_lost=self._master_lost,
-                                  group=group)
+                                  on_following=self._master_following, group=group)
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
@@ -83,6 +83,7 @@ class ReplicationController:
         # injected one only until this broker is promoted).
         self.pinned_master = bool(settings.haMasterAddress)
         self._request_register = request_register
+        self._followed_before = False  # whether the HA link ever streamed from a master
         self._master_lost_asked = float("-inf")  # monotonic time of the last registration it asked for
         self._lock = asyncio.Lock()
         # When (monotonic) this broker last stopped being a master (a slave relaying writes waits
@@ -133,6 +134,14 @@ class ReplicationController:
             self.metadata_sync.set_master(master_addr)
         if master_ha_addr and not self.pinned_master:
             self.ha_client.set_master(master_ha_addr)
+
+    def _master_following(self, addr: str) -> None:
+        """The HA link streams from a master again (it was lost: the master restarted or resumed):
+        sync metadata now, not at the period's end. Not at the first link, which the initial delay
+        covers before the metadata sync may even know the master's broker address."""
+        if self._followed_before:
+            self.metadata_sync.sync_soon()
+        self._followed_before = True
 
     def _master_lost(self, addr: str) -> None:
         """The HA client could not follow ``addr``. With NameServer discovery the master may have

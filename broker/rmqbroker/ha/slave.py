@@ -464,6 +464,7 @@ class HAClient:
                  housekeeping_interval: float = 20.0, epochs: EpochStore | None = None,
                  truncate: Callable[[int], None] | None = None,
                  on_master_lost: Callable[[str], None] | None = None,
+                 on_following: Callable[[str], None] | None = None,
                  group: tuple[str, str] | None = None) -> None:
         self.store = store
         # (brokerName, brokerClusterName) of this broker: a master that tells another is not
@@ -473,6 +474,9 @@ class HAClient:
         # Called with the address after each attempt to follow it that failed (unreachable,
         # silent, refused: e.g. a SLAVE now), unless a re-point already names another master.
         self._on_master_lost = on_master_lost
+        # Called with the address each time this slave starts streaming from a master (reconnects
+        # included): a master that is back after an outage.
+        self._on_following = on_following
         self.heartbeat_interval = heartbeat_interval
         self.housekeeping_interval = housekeeping_interval
         self.epochs = epochs
@@ -680,6 +684,8 @@ class HAClient:
             start = self.store.max_phy_offset()
             log.info("HA following master %s from offset %d", addr, start)
             self.streaming = True
+            if self._on_following is not None:
+                self._on_following(addr)
             running = loop.run_in_executor(self.receiver_pool, receiver.stream, start)
             done, _ = await asyncio.wait({running, changed}, return_when=asyncio.FIRST_COMPLETED)
             if changed in done:
