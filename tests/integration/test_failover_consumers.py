@@ -396,7 +396,7 @@ def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_re
     (master.store_dir / "config" / "consumerOffset.json").write_text(
         json.dumps({"offsetTable": {f"{topic}@{group}": {"0": 4, "1": 4}}}))
     master.start()
-    assert offsets(master) == [4, 4]
+    # (It starts at [4, 4]; the slave's round taken as soon as it streams again may have run already.)
     # Kept, and handed to the master, where a restarted consumer reads its offsets.
     poll(lambda: offsets(master) == [9, 9], 10, what="the slave's commits handed to the master")
     assert offsets(slave) == [9, 9]
