@@ -168,24 +168,26 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                 and (group is None or parts[1] == group)
                 and (topic is None or parts[0] == topic)
             ]
-            for key in doomed:
-                del self._table[key]
-            if doomed:
-                self._ahead_of_master = {k: v for k, v in self._ahead_of_master.items() if k[0] not in doomed}
-                self._mark_changed_locked()
+            self._drop_locked(doomed)
         if doomed:
             log.info("removed offsets of group %s on topic %s: %s", group or "*", topic or "*", doomed)
         return bool(doomed)
+
+    def _drop_locked(self, doomed: list[str]) -> None:
+        """Forget the ``topic@group`` entries ``doomed`` (all present) and what was committed to them here."""
+        if not doomed:
+            return
+        gone = set(doomed)
+        for key in gone:
+            del self._table[key]
+        self._ahead_of_master = {k: v for k, v in self._ahead_of_master.items() if k[0] not in gone}
+        self._mark_changed_locked()
 
     def remove_keys(self, keys: Iterable[str]) -> bool:
         """Forget the given ``topic@group`` entries; True if any existed."""
         with self._lock:
             doomed = [key for key in keys if key in self._table]
-            for key in doomed:
-                del self._table[key]
-            if doomed:
-                self._ahead_of_master = {k: v for k, v in self._ahead_of_master.items() if k[0] not in doomed}
-                self._mark_changed_locked()
+            self._drop_locked(doomed)
         if doomed:
             log.info("removed offsets %s", doomed)
         return bool(doomed)
