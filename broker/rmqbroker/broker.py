@@ -518,6 +518,9 @@ class Broker:
             # progress copied from the old master is checked against this log.
             self.schedule.correct_offsets()
             self.transactions.correct_progress()
+            # Commits a group made here as a slave (kept in consumerOffset.json to hand to that
+            # master) are this master's own offsets, also when it starts as one after a restart.
+            self.offsets.forget_slave_commits()
             if not at_start:
                 # A promoted slave: topics created after its last metadata round have messages
                 # here but no config. (A master's own queues without config at start are left to

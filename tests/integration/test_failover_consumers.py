@@ -439,6 +439,37 @@ def test_outage_commits_survive_a_master_back_with_an_offset_newer_than_the_slav
     assert [query_consumer_offset(b.addr, group, topic, 0) for b in (slave, master)] == [9, 9]
 
 
+def test_outage_commits_survive_a_slave_restart_before_the_master_returns(cluster: Cluster) -> None:
+    """The slave is killed and restarted while its master is still away (a pod rescheduled in the
+    same incident): what the group committed to it is still kept over the master's older table and
+    handed over when the master returns (before, a restarted slave took the master's offsets and
+    the group re-consumed everything it had consumed from the slave)."""
+    master, slave = pair(cluster, slaveSyncInterval=1000, flushConsumerOffsetInterval=300)
+    group, topic = "CG_AWAY3", "OffsetsAway3"
+    create_topic(master.addr, topic, queues=1)
+    assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+               body=json.dumps({"groupName": group}).encode()).code == ResponseCode.SUCCESS
+    commit_offset(master.addr, group, topic, 0, 5)
+    poll(lambda: query_consumer_offset(slave.addr, group, topic, 0) == 5, 10, what="the master's offset synced")
+    master.kill9()
+    commit_offset(slave.addr, group, topic, 0, 9)
+    offsets_file = slave.store_dir / "config" / "consumerOffset.json"
+    poll(lambda: json.loads(offsets_file.read_text())["offsetTable"].get(f"{topic}@{group}") == {"0": 9}, 10,
+         what="the slave's periodic offset flush")
+    slave.kill9()
+    slave.start()
+    assert query_consumer_offset(slave.addr, group, topic, 0) == 9
+    # The master's file as a kill -9 left it: older than what the slave had synced from it.
+    (master.store_dir / "config" / "consumerOffset.json").write_text(
+        json.dumps({"offsetTable": {f"{topic}@{group}": {"0": 4}}}))
+    master.start()
+    poll(lambda: query_consumer_offset(master.addr, group, topic, 0) == 9, 10,
+         what="the restarted slave's outage commit handed to the master")
+    rounds = int(slave.status()["metadataSync"]["rounds"])
+    poll(lambda: int(slave.status()["metadataSync"]["rounds"]) >= rounds + 2, 10, what="two more rounds")
+    assert [query_consumer_offset(b.addr, group, topic, 0) for b in (slave, master)] == [9, 9]
+
+
 def test_a_slave_hands_its_outage_commits_to_its_master_as_soon_as_it_streams_from_it_again(
         cluster: Cluster) -> None:
     """A consumer that starts (or takes over a queue) once the master is back reads its offset from

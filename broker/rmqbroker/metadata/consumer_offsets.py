@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rmqbroker.metadata._coerce import as_object, int_keyed
+from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed
 from rmqbroker.metadata.base import JsonConfigFile
+from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import fastjson_loads
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,14 @@ log = logging.getLogger(__name__)
 TOPIC_GROUP_SEPARATOR = "@"
 
 OffsetTable = dict[str, dict[int, int]]
-_Parsed = tuple[OffsetTable, dict[str, Any]]
+# (key, queueId) -> (the master's offset as last synced, whether handed to the master since)
+SlaveCommits = dict[tuple[str, int], tuple[int, bool]]
+_Parsed = tuple[OffsetTable, dict[str, Any], SlaveCommits]
+
+# Top-level field of consumerOffset.json holding a slave's SlaveCommits (so a restarted slave still
+# keeps and hands over what a group committed to it while its master was away). Java's decoder
+# ignores fields it does not know; a master never writes it.
+SLAVE_COMMITS_FIELD = "slaveCommits"
 
 
 def offset_key(topic: str, group: str) -> str:
@@ -44,13 +52,42 @@ def _decode_obj(obj: Any) -> _Parsed:
     if raw_table is not None:
         for key, raw in as_object(raw_table, "offsetTable").items():
             table[key] = int_keyed(raw, f"offsetTable[{key}]")
-    extra = {k: v for k, v in data.items() if k != "offsetTable"}
-    return table, extra
+    extra = {k: v for k, v in data.items() if k not in ("offsetTable", SLAVE_COMMITS_FIELD)}
+    commits: SlaveCommits = {}
+    raw_commits = data.get(SLAVE_COMMITS_FIELD)
+    if raw_commits is not None:
+        try:
+            commits = _decode_slave_commits(raw_commits, table)
+        except MetadataFormatError as exc:
+            # A damaged annotation must not cost the offsets themselves: without it this slave
+            # takes the master's offsets, as RocketMQ does.
+            log.warning("consumer offsets: ignoring %s: %s", SLAVE_COMMITS_FIELD, exc)
+    return table, extra, commits
+
+
+def _decode_slave_commits(raw: Any, table: OffsetTable) -> SlaveCommits:
+    commits: SlaveCommits = {}
+    for key, queues in as_object(raw, SLAVE_COMMITS_FIELD).items():
+        for qid, entry in as_object(queues, f"{SLAVE_COMMITS_FIELD}[{key}]").items():
+            what = f"{SLAVE_COMMITS_FIELD}[{key}][{qid}]"
+            fields = as_object(entry, what)
+            queue_id = as_int(qid, f"{what} key")
+            if queue_id in table.get(key, {}):  # an entry without its offset says nothing
+                commits[(key, queue_id)] = (as_int(fields.get("masterOffset"), f"{what}.masterOffset"),
+                                            as_bool(fields.get("handedOver", False), f"{what}.handedOver"))
+    return commits
+
+
+def _encode_slave_commits(commits: SlaveCommits) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (key, queue_id), (base, handed) in sorted(commits.items()):
+        out.setdefault(key, {})[str(queue_id)] = {"masterOffset": base, "handedOver": handed}
+    return out
 
 
 def decode_consumer_offsets(text: str | bytes) -> OffsetTable:
     """Parse consumerOffset.json / a GET_ALL_CONSUMER_OFFSET body (quoted or bare int keys)."""
-    table, _ = _decode_obj(fastjson_loads(text))
+    table, _, _ = _decode_obj(fastjson_loads(text))
     return table
 
 
@@ -70,8 +107,8 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         # Slave only: (key, queueId) -> (the master's offset as last synced, whether this slave has
         # handed the master its commits since), for queues a group committed to this slave (its
         # master away: stock clients commit to any broker of the group's route). See merge_all.
-        # In memory only: a restarted slave takes the master's offsets again.
-        self._ahead_of_master: dict[tuple[str, int], tuple[int, bool]] = {}
+        # Persisted with the offsets (SLAVE_COMMITS_FIELD), so a restart keeps them.
+        self._ahead_of_master: SlaveCommits = {}
         if autoload:
             self.load()
 
@@ -81,11 +118,13 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         return _decode_obj(fastjson_loads(text))
 
     def _install_locked(self, parsed: _Parsed) -> None:
-        self._table, self._extra = parsed
+        self._table, self._extra, self._ahead_of_master = parsed
 
     def _snapshot_locked(self) -> dict[str, Any]:
         obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
         obj["offsetTable"] = encode_offset_table(self._table)
+        if self._ahead_of_master:
+            obj[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
         return dict(sorted(obj.items()))
 
     # -- offsets --------------------------------------------------------------------------------
@@ -103,9 +142,11 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             previous = queues.get(queue_id)
             if on_slave:
                 # The master's offset is the one before the first commit here since the last sync.
-                self._ahead_of_master.setdefault((key, queue_id), (-1 if previous is None else previous, False))
-            else:
-                self._ahead_of_master.pop((key, queue_id), None)
+                if (key, queue_id) not in self._ahead_of_master:
+                    self._ahead_of_master[(key, queue_id)] = (-1 if previous is None else previous, False)
+                    self._mark_changed_locked()
+            elif self._ahead_of_master.pop((key, queue_id), None) is not None:
+                self._mark_changed_locked()
             if previous == offset:
                 return
             queues[queue_id] = offset
@@ -205,7 +246,9 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
     def forget_slave_commits(self) -> None:
         """This broker is a master now: no commit made here is measured against another master."""
         with self._lock:
-            self._ahead_of_master.clear()
+            if self._ahead_of_master:
+                self._ahead_of_master.clear()
+                self._mark_changed_locked()
 
     def committed_here(self, key: str) -> bool:
         """Whether a group committed a queue of ``topic@group`` to this slave that the master has
@@ -232,6 +275,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         with self._lock:
             if pending in self._ahead_of_master:
                 self._ahead_of_master[pending] = (offset, True)
+                self._mark_changed_locked()
 
     def table(self) -> OffsetTable:
         """A deep copy of the whole table."""
@@ -272,6 +316,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                         merged[queue_id] = current[queue_id]
                     else:
                         del self._ahead_of_master[(key, queue_id)]
+                        changed = True
                 if merged != current:
                     self._table[key] = merged
                     changed = True

@@ -154,3 +154,46 @@ async def test_persist_async(config_dir: Path) -> None:
     assert not mgr.dirty
     assert not await mgr.persist_if_dirty_async()
     assert ConsumerOffsetManager(config_dir).query("G", "T", 0) == 42
+
+
+def test_a_slaves_outage_commits_survive_a_restart(config_dir: Path) -> None:
+    """What a group committed to a slave while its master was away is kept over the master's older
+    table by a restarted slave too: the marks are written with the offsets."""
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.merge_all({"T@G": {0: 5, 1: 5}})  # the master's table, synced before the outage
+    mgr.commit("G", "T", 0, 9, on_slave=True)
+    mgr.commit("G", "T", 1, 8, on_slave=True)
+    mgr.relayed("G", "T", 1, 8)  # queue 1's commit already handed over
+    mgr.persist()
+    disk = json.loads((config_dir / "consumerOffset.json").read_text())
+    assert disk["slaveCommits"] == {"T@G": {"0": {"handedOver": False, "masterOffset": 5},
+                                            "1": {"handedOver": True, "masterOffset": 8}}}
+
+    restarted = ConsumerOffsetManager(config_dir)
+    assert restarted.kept_over_master() == [("G", "T", 0, 9)]
+    # The master comes back with its stale table: queue 0 keeps the slave's commit; queue 1 was
+    # handed over and the master has moved it since (a reset), so the master's offset wins there.
+    restarted.merge_all({"T@G": {0: 4, 1: 3}})
+    assert restarted.table() == {"T@G": {0: 9, 1: 3}}
+    restarted.persist()
+    assert json.loads((config_dir / "consumerOffset.json").read_text())["slaveCommits"] == {
+        "T@G": {"0": {"handedOver": False, "masterOffset": 5}}}
+
+    # Promoted (or started as a master): the commits are its own offsets, nothing is marked any more.
+    restarted.forget_slave_commits()
+    assert restarted.dirty
+    restarted.persist()
+    disk = json.loads((config_dir / "consumerOffset.json").read_text())
+    assert "slaveCommits" not in disk and disk["offsetTable"] == {"T@G": {"0": 9, "1": 3}}
+    # A GET_ALL_CONSUMER_OFFSET body decodes to the offsets only.
+    assert decode_consumer_offsets(mgr.encode()) == {"T@G": {0: 9, 1: 8}}
+
+
+def test_a_damaged_slave_commits_field_costs_only_the_marks(config_dir: Path) -> None:
+    (config_dir / "consumerOffset.json").write_text(
+        '{"offsetTable":{"T@G":{"0":9}},"slaveCommits":{"T@G":{"0":{"masterOffset":"x"}}}}')
+    mgr = ConsumerOffsetManager(config_dir)
+    assert mgr.query("G", "T", 0) == 9
+    assert mgr.kept_over_master() == []
+    mgr.merge_all({"T@G": {0: 4}})  # without marks, the master's table wins (as RocketMQ's putAll)
+    assert mgr.query("G", "T", 0) == 4
