@@ -23,6 +23,10 @@ class OuterApiError(Exception):
     """A peer answered with an error code."""
 
 
+class OuterApiRefused(OuterApiError):
+    """The peer was reached and refused this one request (its other requests may succeed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RegisterResult:
     namesrv: str
@@ -123,7 +127,7 @@ class BrokerOuterApi:
         except RemotingError as exc:
             raise OuterApiError(f"offset update to master {master_addr} failed: {exc}") from exc
         if resp.code != ResponseCode.SUCCESS:
-            raise OuterApiError(f"master {master_addr} refused an offset update: {resp.code} {resp.remark}")
+            raise OuterApiRefused(f"master {master_addr} refused an offset update: {resp.code} {resp.remark}")
 
     async def close(self) -> None:
         await self.client.close()

@@ -23,7 +23,7 @@ from rmqbroker.metadata.delay_offsets import DelayOffsetTable, decode_delay_offs
 from rmqbroker.metadata.errors import MetadataError
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager, decode_subscription_group_wrapper
 from rmqbroker.metadata.topics import TopicConfigManager, decode_topic_sync
-from rmqbroker.outer_api import BrokerOuterApi, OuterApiError
+from rmqbroker.outer_api import BrokerOuterApi, OuterApiError, OuterApiRefused
 from rmqbroker.remoting.codes import RequestCode
 
 log = logging.getLogger(__name__)
@@ -124,13 +124,13 @@ class SlaveMetadataSync:
             except MetadataSyncError as exc:
                 self.failures += 1
                 self.last_error = str(exc)
-                log.warning("slave metadata sync failed (retrying in %.0fs): %s", self.interval, exc)
+                log.warning("slave metadata sync failed (retrying in %gs): %s", self.interval, exc)
             except Exception as exc:
                 # A bug (a callback's, a decoder's) must cost one round, not every later one: an
                 # exception leaving this loop would end the sync until the process restarts.
                 self.failures += 1
                 self.last_error = f"unexpected error: {exc!r}"
-                log.exception("slave metadata sync round failed unexpectedly (retrying in %.0fs)", self.interval)
+                log.exception("slave metadata sync round failed unexpectedly (retrying in %gs)", self.interval)
             delay = self.interval
 
     async def sync_all(self, master: str | None = None) -> None:
@@ -234,11 +234,20 @@ class SlaveMetadataSync:
         this, a group that stopped or rebalanced in that time would re-consume everything it
         consumed during the outage (RocketMQ 4.9 does). Until the master reports an offset other
         than the one handed to it, later commits here are handed on too."""
+        refused: list[str] = []
         for group, topic, queue_id, offset in self.offsets.kept_over_master():
-            await self.api.update_consumer_offset(master, group, topic, queue_id, offset)
+            try:
+                await self.api.update_consumer_offset(master, group, topic, queue_id, offset)
+            except OuterApiRefused as exc:
+                # One group's refusal (e.g. aclAccessKey without SUB on it) must not hold back the
+                # others' hand-over; it stays kept here and is offered again next round.
+                refused.append(f"{group} on {topic} queue {queue_id}: {exc}")
+                continue
             self.offsets.relayed(group, topic, queue_id, offset)
             log.info("offset of %s on %s queue %d committed here while master %s was away handed to it: %d",
                      group, topic, queue_id, master, offset)
+        if refused:
+            raise OuterApiError(f"{len(refused)} offset(s) committed here not handed over: {'; '.join(refused[:3])}")
 
     def _received_then_removed(self, master: str, current: OffsetTable, table: OffsetTable,
                                gone: set[str]) -> tuple[list[str], OffsetTable]:
