@@ -120,18 +120,25 @@ def test_broker_refuses_to_start_with_an_unusable_acl_file(cluster: Cluster, tmp
     assert broker.popen is not None and broker.popen.wait(10) == 2
 
 
-def test_slave_metadata_sync_signs_with_the_configured_account(cluster: Cluster, tmp_path: Path) -> None:
-    """A slave's GET_ALL_* requests to an ACL-protected master carry aclAccessKey/aclSecretKey;
-    without them the master refuses every round (the slave counts the failures)."""
+def acl_pair(cluster: Cluster, tmp_path: Path, name: str) -> tuple[Namesrv, BrokerProc, BrokerProc, dict[str, Any]]:
+    """A nameserver, an ACL-protected master and its slave signing its metadata sync with the
+    CONSUMER account; the brokers' shared ACL settings."""
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(ACL)
     ns = cluster.namesrv()
     conf: dict[str, Any] = {"aclEnable": "true", "aclFile": str(acl), "slaveSyncInitialDelay": 200,
                             "slaveSyncInterval": 300}
-    master = cluster.broker(ns.addr, name="broker-aclha", **conf)
-    signed = cluster.broker(ns.addr, name="broker-aclha", broker_id=1, role="SLAVE",
-                            haMasterAddress=f"127.0.0.1:{master.port + 1}", aclAccessKey=CONSUMER[0],
-                            aclSecretKey=CONSUMER[1], **conf)
+    master = cluster.broker(ns.addr, name=name, **conf)
+    slave = cluster.broker(ns.addr, name=name, broker_id=1, role="SLAVE",
+                           haMasterAddress=f"127.0.0.1:{master.port + 1}", aclAccessKey=CONSUMER[0],
+                           aclSecretKey=CONSUMER[1], **conf)
+    return ns, master, slave, conf
+
+
+def test_slave_metadata_sync_signs_with_the_configured_account(cluster: Cluster, tmp_path: Path) -> None:
+    """A slave's GET_ALL_* requests to an ACL-protected master carry aclAccessKey/aclSecretKey;
+    without them the master refuses every round (the slave counts the failures)."""
+    ns, master, signed, conf = acl_pair(cluster, tmp_path, "broker-aclha")
     unsigned = cluster.broker(ns.addr, name="broker-aclha", broker_id=2, role="SLAVE",
                               haMasterAddress=f"127.0.0.1:{master.port + 1}", **conf)
     assert rmq_admin(["updateTopic", "-n", ns.addr, "-b", master.addr, "-t", "SyncedTopic",
@@ -319,15 +326,7 @@ def test_a_refused_offset_hand_over_does_not_hold_back_other_groups(cluster: Clu
     its aclAccessKey. An account without SUB on one of those groups gets that one refused: the
     others are handed over all the same, the refused one stays kept on the slave, and the round
     reports it."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL)
-    ns = cluster.namesrv()
-    conf: dict[str, Any] = {"aclEnable": "true", "aclFile": str(acl), "slaveSyncInitialDelay": 200,
-                            "slaveSyncInterval": 300}
-    master = cluster.broker(ns.addr, name="broker-aclho", **conf)
-    slave = cluster.broker(ns.addr, name="broker-aclho", broker_id=1, role="SLAVE",
-                           haMasterAddress=f"127.0.0.1:{master.port + 1}", aclAccessKey=CONSUMER[0],
-                           aclSecretKey=CONSUMER[1], **conf)
+    ns, master, slave, _ = acl_pair(cluster, tmp_path, "broker-aclho")
     assert rmq_admin(["updateTopic", "-n", ns.addr, "-b", master.addr, "-t", TOPIC, "-r", "1", "-w", "1",
                       "--accessKey", ADMIN[0], "--secretKey", ADMIN[1]]) == 0
 

@@ -414,6 +414,22 @@ def test_offsets_committed_to_the_slave_while_the_master_was_away_survive_its_re
     assert offsets(slave) == [11, 3]
 
 
+def committed_during_an_outage(cluster: Cluster, group: str, topic: str,
+                               **conf: Any) -> tuple[BrokerProc, BrokerProc]:
+    """A pair whose slave synced ``group``'s offset 5 on ``topic`` queue 0 from the master; then the
+    master was killed (-9) and the group committed 9 to the slave."""
+    master, slave = pair(cluster, slaveSyncInterval=1000, **conf)
+    create_topic(master.addr, topic, queues=1)
+    # The group as a consumer's heartbeat creates it (persisted at once, unlike its offsets).
+    assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+               body=json.dumps({"groupName": group}).encode()).code == ResponseCode.SUCCESS
+    commit_offset(master.addr, group, topic, 0, 5)
+    poll(lambda: query_consumer_offset(slave.addr, group, topic, 0) == 5, 10, what="the master's offset synced")
+    master.kill9()
+    commit_offset(slave.addr, group, topic, 0, 9)
+    return master, slave
+
+
 def test_outage_commits_survive_a_master_back_with_an_offset_newer_than_the_slave_synced(cluster: Cluster) -> None:
     """The master's file can be newer than the slave's last round before the outage (a commit
     flushed after that round and before a kill -9; a hung master applies the commits queued while it
@@ -421,15 +437,8 @@ def test_outage_commits_survive_a_master_back_with_an_offset_newer_than_the_slav
     the slave during the outage, and still older than the latter. Taking it would re-deliver what the
     group consumed from the slave (measured with a stock consumer across a 60 s SIGSTOP: 1200 of
     6080 messages consumed twice after the group restarted)."""
-    master, slave = pair(cluster, slaveSyncInterval=1000)
     group, topic = "CG_AWAY2", "OffsetsAway2"
-    create_topic(master.addr, topic, queues=1)
-    assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-               body=json.dumps({"groupName": group}).encode()).code == ResponseCode.SUCCESS
-    commit_offset(master.addr, group, topic, 0, 5)
-    poll(lambda: query_consumer_offset(slave.addr, group, topic, 0) == 5, 10, what="the master's offset synced")
-    master.kill9()
-    commit_offset(slave.addr, group, topic, 0, 9)
+    master, slave = committed_during_an_outage(cluster, group, topic)
     # The master had 7 on disk: committed and flushed after the slave's last round.
     (master.store_dir / "config" / "consumerOffset.json").write_text(
         json.dumps({"offsetTable": {f"{topic}@{group}": {"0": 7}}}))
@@ -444,15 +453,8 @@ def test_outage_commits_survive_a_slave_restart_before_the_master_returns(cluste
     same incident): what the group committed to it is still kept over the master's older table and
     handed over when the master returns (before, a restarted slave took the master's offsets and
     the group re-consumed everything it had consumed from the slave)."""
-    master, slave = pair(cluster, slaveSyncInterval=1000, flushConsumerOffsetInterval=300)
     group, topic = "CG_AWAY3", "OffsetsAway3"
-    create_topic(master.addr, topic, queues=1)
-    assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-               body=json.dumps({"groupName": group}).encode()).code == ResponseCode.SUCCESS
-    commit_offset(master.addr, group, topic, 0, 5)
-    poll(lambda: query_consumer_offset(slave.addr, group, topic, 0) == 5, 10, what="the master's offset synced")
-    master.kill9()
-    commit_offset(slave.addr, group, topic, 0, 9)
+    master, slave = committed_during_an_outage(cluster, group, topic, flushConsumerOffsetInterval=300)
     offsets_file = slave.store_dir / "config" / "consumerOffset.json"
     poll(lambda: json.loads(offsets_file.read_text())["offsetTable"].get(f"{topic}@{group}") == {"0": 9}, 10,
          what="the slave's periodic offset flush")
