@@ -15,7 +15,7 @@ from rmqbroker.admin_cli import main as rmq_admin
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
 from tests.conftest import Cluster
 from tests.integration.helpers import message, metric_delta, poll, produce, pull_all, rpc, wait_route
-from tests.support.procs import BrokerProc, Namesrv
+from tests.support.procs import BrokerProc, Namesrv, metric_value
 
 TOPIC = "AclTopic"
 ADMIN = ("rocketmq-admin", "admin-secret-1")
@@ -347,9 +347,12 @@ def test_a_refused_offset_hand_over_does_not_hold_back_other_groups(cluster: Clu
     for group, value in (("CG_OTHER", 7), ("CG_ACL", 9)):
         assert as_admin(slave.addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
             "consumerGroup": group, "topic": TOPIC, "queueId": "0", "commitOffset": str(value)}).code == 0
+    assert slave.status()["metadataSync"]["offsetsToHandOver"] == 2
     master.start()
     poll(lambda: offset(master, "CG_ACL") == 9, 10, what="the permitted group's offset handed over")
     poll(lambda: "CG_OTHER" in (slave.status()["metadataSync"]["lastError"] or ""), 10,
          what="the refused hand-over reported")
     assert offset(master, "CG_OTHER") != 7  # 0: never committed there (QUERY_CONSUMER_OFFSET, as Java)
     assert offset(slave, "CG_OTHER") == 7
+    assert slave.status()["metadataSync"]["offsetsToHandOver"] == 1
+    assert metric_value(slave.metrics(), "rmq_metadata_sync_offsets_to_hand_over") == 1

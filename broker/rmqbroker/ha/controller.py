@@ -392,6 +392,9 @@ class ReplicationController:
              "end", (), [((), float(client.ahead_bytes))]),
             ("metadata_sync_last_success_timestamp_seconds", "When this slave's metadata sync last succeeded "
              "(Unix time; 0: never)", (), [((), self.metadata_sync.last_success_ms / 1000)]),
+            ("metadata_sync_offsets_to_hand_over", "Queue offsets groups committed to this slave while its "
+             "master was away that the master has not been given yet", (),
+             [((), float(len(self.ctx.offsets.kept_over_master())))]),
         ]
 
     # -- status --
@@ -428,6 +431,8 @@ class ReplicationController:
                 # A verifier that finds the slave's metadata behind waits about this long for a round.
                 "intervalMillis": int(ms.interval * 1000),
                 "lastError": ms.last_error,
+                # Queue offsets committed here while the master was away, not handed to it yet.
+                "offsetsToHandOver": len(self.ctx.offsets.kept_over_master()),
                 "topicVersion": self.ctx.topics.data_version.to_json_obj(),
                 "subscriptionVersion": self.ctx.groups.data_version.to_json_obj(),
             },
