@@ -82,17 +82,23 @@ class Group:
             return None
 
     def settled(self) -> list[dict[str, Any]] | None:
-        """Every broker up, one master, the others connected to it at its offset."""
+        """Every broker up, one master, the others connected to it and at least where it was.
+
+        The senders keep sending: the slaves are read after the master and compared with the
+        offset it had then (equal offsets read one after the other held only when no send came in
+        between, so a busy group looked unsettled for tens of seconds)."""
         sts = [self.status(o) for o in range(3)]
         if any(s is None for s in sts):
             return None
-        masters = [s for s in sts if s is not None and s["role"] == "SYNC_MASTER"]
+        masters = [o for o, s in enumerate(sts) if s is not None and s["role"] == "SYNC_MASTER"]
         if len(masters) != 1:
             return None
-        m = masters[0]
-        ok = all(s is not None and (s is m or (s["role"] == "SLAVE" and s["ha"]["connected"]
-                                                and s["maxPhyOffset"] == m["maxPhyOffset"])) for s in sts)
-        return [s for s in sts if s is not None] if ok else None
+        m = sts[masters[0]]
+        slaves = [self.status(o) for o in range(3) if o != masters[0]]
+        assert m is not None
+        ok = all(s is not None and s["role"] == "SLAVE" and s["ha"]["connected"]
+                 and s["maxPhyOffset"] >= m["maxPhyOffset"] for s in slaves)
+        return [m, *(s for s in slaves if s is not None)] if ok else None
 
 
 class Sender(threading.Thread):
