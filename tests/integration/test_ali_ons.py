@@ -2,8 +2,9 @@
 RocketMQ 4.x's Java client (npm), written independently of the C++ client the other tests use.
 SEND_MESSAGE_V2 from a SYNC_MASTER, tag and SQL92 subscriptions, keys and user properties, delay
 levels, ACTION_RETRY through CONSUMER_SEND_MSG_BACK and the group's retry topic, offsets committed
-and read back by a restarted consumer, and the fallback to the slave when the master is gone.
-Real nameserver and broker processes on loopback."""
+and read back by a restarted consumer, the fallback to the slave when the master is gone, and the
+slave handing the offsets committed to it then to the returned master. Real nameserver and broker
+processes on loopback."""
 
 from __future__ import annotations
 
@@ -154,3 +155,35 @@ def test_ali_ons_sql92_subscription(cluster: Cluster, ons: Path) -> None:
     ok, got, log = consume(ons, ns.addr, "CG_ONS_SQL", topic, 3, expression=expr)
     assert ok, log
     assert sorted(d["body"] for d in got) == ["sql-7", "sql-8", "sql-9"]
+
+
+def test_ali_ons_commits_to_the_slave_during_an_outage_reach_the_returned_master(
+        cluster: Cluster, ons: Path) -> None:
+    """The group consumes from the slave while the master is down, committing there (ali-ons, like
+    the Java client, commits to the lowest brokerId in its route). The master comes back without
+    them; the slave hands them over, so the group restarted against the master does not consume
+    the outage's messages again."""
+    ns = cluster.namesrv()
+    master, slave = group(cluster, ns.addr, 2, slaveReadEnable="true", slaveSyncInitialDelay=300,
+                          slaveSyncInterval=1000)
+    topic, queues = "OnsOutageTopic", 2
+    create_topic_and_wait(master.addr, ns.addr, topic, queues)
+    bodies = [f"out-{i}" for i in range(20)]
+    assert all(r["status"] == "SEND_OK" for r in produce(ons, ns.addr, [{"topic": topic, "body": b} for b in bodies]))
+    wait_caught_up(master, [slave])
+    poll(lambda: _slave_serves(master, slave, topic, queues), 20, what="slave serves every queue")
+
+    master.kill9()
+    poll(lambda: broker_addrs(ns.addr, topic) == {"1": slave.addr}, 10, what="route lists only the slave")
+    ok, got, log = consume(ons, ns.addr, "CG_ONS_OUTAGE", topic, len(bodies))
+    assert ok and sorted(d["body"] for d in got) == sorted(bodies), log
+    ends = max_offsets(slave, topic, queues)
+    assert [query_consumer_offset(slave.addr, "CG_ONS_OUTAGE", topic, q) for q in range(queues)] == ends
+
+    master.start()
+    poll(lambda: broker_addrs(ns.addr, topic) == {"0": master.addr, "1": slave.addr}, 20,
+         what="the master routed again")
+    poll(lambda: [query_consumer_offset(master.addr, "CG_ONS_OUTAGE", topic, q) for q in range(queues)] == ends,
+         15, what="the slave handed the group's offsets to the master")
+    ok, again, log = consume(ons, ns.addr, "CG_ONS_OUTAGE", topic, 1, timeout_ms=4000)
+    assert not ok and again == [], log
