@@ -18,7 +18,7 @@ from tests.conftest import Cluster
 from tests.integration.helpers import create_topic_and_wait, poll, query_consumer_offset, rpc, wait_caught_up
 from tests.integration.test_replication_extra import _slave_serves, broker_addrs, group, ha_addr
 from tests.support import node_client
-from tests.support.procs import BrokerProc
+from tests.support.procs import BrokerProc, Namesrv
 
 DELAY_LEVELS = "1s 2s 3s 4s"  # a retry is sent back at level 3 + reconsumeTimes
 
@@ -120,22 +120,29 @@ def test_ali_ons_delay_levels_and_retry_through_the_groups_retry_topic(cluster: 
     assert sum(max_offsets(master, topic, 2)) == 3
 
 
-def test_ali_ons_reads_from_the_slave_while_the_master_is_down(cluster: Cluster, ons: Path) -> None:
+def sent_then_master_down(cluster: Cluster, ons: Path, topic: str, queues: int,
+                          bodies: list[str]) -> tuple[Namesrv, BrokerProc, BrokerProc]:
+    """A master and a slave (slaveReadEnable) holding ``bodies`` sent with ali-ons; then the master
+    is killed (-9) and the nameserver routes only the slave."""
     ns = cluster.namesrv()
     master, slave = group(cluster, ns.addr, 2, slaveReadEnable="true", slaveSyncInitialDelay=300,
                           slaveSyncInterval=1000)
-    topic, queues = "OnsFallbackTopic", 4
     create_topic_and_wait(master.addr, ns.addr, topic, queues)
-    bodies = [f"fb-{i}" for i in range(30)]
     sent = produce(ons, ns.addr, [{"topic": topic, "body": b} for b in bodies])
     assert all(r["status"] == "SEND_OK" for r in sent)
     wait_caught_up(master, [slave])
     # The slave has every message in its consume queues and knows the topic (its metadata sync) before
     # the master goes: a topic the slave never synced is TOPIC_NOT_EXIST there, as in Java.
     poll(lambda: _slave_serves(master, slave, topic, queues), 20, what="slave serves every queue")
-
     master.kill9()
     poll(lambda: broker_addrs(ns.addr, topic) == {"1": slave.addr}, 10, what="route lists only the slave")
+    return ns, master, slave
+
+
+def test_ali_ons_reads_from_the_slave_while_the_master_is_down(cluster: Cluster, ons: Path) -> None:
+    topic, queues = "OnsFallbackTopic", 4
+    bodies = [f"fb-{i}" for i in range(30)]
+    ns, _, slave = sent_then_master_down(cluster, ons, topic, queues, bodies)
     ok, got, log = consume(ons, ns.addr, "CG_ONS_FALLBACK", topic, len(bodies))
     assert ok, log
     assert sorted(d["body"] for d in got) == sorted(bodies)
@@ -163,18 +170,9 @@ def test_ali_ons_commits_to_the_slave_during_an_outage_reach_the_returned_master
     the Java client, commits to the lowest brokerId in its route). The master comes back without
     them; the slave hands them over, so the group restarted against the master does not consume
     the outage's messages again."""
-    ns = cluster.namesrv()
-    master, slave = group(cluster, ns.addr, 2, slaveReadEnable="true", slaveSyncInitialDelay=300,
-                          slaveSyncInterval=1000)
     topic, queues = "OnsOutageTopic", 2
-    create_topic_and_wait(master.addr, ns.addr, topic, queues)
     bodies = [f"out-{i}" for i in range(20)]
-    assert all(r["status"] == "SEND_OK" for r in produce(ons, ns.addr, [{"topic": topic, "body": b} for b in bodies]))
-    wait_caught_up(master, [slave])
-    poll(lambda: _slave_serves(master, slave, topic, queues), 20, what="slave serves every queue")
-
-    master.kill9()
-    poll(lambda: broker_addrs(ns.addr, topic) == {"1": slave.addr}, 10, what="route lists only the slave")
+    ns, master, slave = sent_then_master_down(cluster, ons, topic, queues, bodies)
     ok, got, log = consume(ons, ns.addr, "CG_ONS_OUTAGE", topic, len(bodies))
     assert ok and sorted(d["body"] for d in got) == sorted(bodies), log
     ends = max_offsets(slave, topic, queues)
