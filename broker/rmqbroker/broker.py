@@ -519,7 +519,7 @@ class Broker:
             self.schedule.correct_offsets()
             self.transactions.correct_progress()
             # Commits a group made here as a slave (kept in consumerOffset.json to hand to that
-            # master) are this master's own offsets, also when it starts as one after a restart.
+            # master) are this master's own offsets: on a promotion, and when it starts as one.
             self.offsets.forget_slave_commits()
             if not at_start:
                 # A promoted slave: topics created after its last metadata round have messages

@@ -101,15 +101,18 @@ class BrokerOuterApi:
             except RemotingError as exc:
                 log.warning("unregister from nameserver %s failed: %s", addr, exc)
 
-    async def get_all(self, master_addr: str, code: RequestCode) -> bytes:
-        """Body of a GET_ALL_* request to the master (topics 21, offsets 43, delay 45, groups 201)."""
-        ext: dict[str, str] = {}
+    async def _to_master(self, master_addr: str, code: RequestCode, ext: dict[str, str]) -> RemotingCommand:
+        """One request to the master, signed with aclAccessKey when configured; its answer."""
         if self.credentials is not None:
             sign(ext, b"", *self.credentials)
         try:
-            resp = await self.client.invoke(master_addr, RemotingCommand(code, ext_fields=ext), self.timeout)
+            return await self.client.invoke(master_addr, RemotingCommand(code, ext_fields=ext), self.timeout)
         except RemotingError as exc:
             raise OuterApiError(f"request {int(code)} to master {master_addr} failed: {exc}") from exc
+
+    async def get_all(self, master_addr: str, code: RequestCode) -> bytes:
+        """Body of a GET_ALL_* request to the master (topics 21, offsets 43, delay 45, groups 201)."""
+        resp = await self._to_master(master_addr, code, {})
         if resp.code != ResponseCode.SUCCESS:
             raise OuterApiError(f"master {master_addr} answered {int(code)} with {resp.code}: {resp.remark}")
         return bytes(resp.body)
@@ -117,15 +120,9 @@ class BrokerOuterApi:
     async def update_consumer_offset(self, master_addr: str, group: str, topic: str, queue_id: int,
                                      offset: int) -> None:
         """UPDATE_CONSUMER_OFFSET to the master, as a stock consumer sends it."""
-        ext = {wire.CONSUMER_GROUP: group, wire.TOPIC: topic, wire.QUEUE_ID: str(queue_id),
-               wire.COMMIT_OFFSET: str(offset)}
-        if self.credentials is not None:
-            sign(ext, b"", *self.credentials)
-        try:
-            resp = await self.client.invoke(master_addr, RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
-                                                                         ext_fields=ext), self.timeout)
-        except RemotingError as exc:
-            raise OuterApiError(f"offset update to master {master_addr} failed: {exc}") from exc
+        resp = await self._to_master(master_addr, RequestCode.UPDATE_CONSUMER_OFFSET, {
+            wire.CONSUMER_GROUP: group, wire.TOPIC: topic, wire.QUEUE_ID: str(queue_id),
+            wire.COMMIT_OFFSET: str(offset)})
         if resp.code != ResponseCode.SUCCESS:
             raise OuterApiRefused(f"master {master_addr} refused an offset update: {resp.code} {resp.remark}")
 

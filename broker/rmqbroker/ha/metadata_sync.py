@@ -209,7 +209,8 @@ class SlaveMetadataSync:
         # away stay. Those the master removed with their topic (DELETE_TOPIC) or their group
         # (DELETE_SUBSCRIPTIONGROUP with removeOffset) go: promoted, this broker would otherwise
         # hand them to a topic or group created again under the name, whose queues restart at 0.
-        gone = [key for key in current if key not in table and self._removed_on_master(key)]
+        committed_here = self.offsets.keys_committed_here()
+        gone = [key for key in current if key not in table and self._removed_on_master(key, committed_here)]
         dropped, kept = self._received_then_removed(master, current, table, set(gone))
         gone += dropped
         if kept:
@@ -281,13 +282,11 @@ class SlaveMetadataSync:
         the offsets it holds once it follows one again (they may be its own consumers' since)."""
         self._received_offsets = {}
         self._received_from = None
-        # Commits made here as a slave are this master's own offsets now, not ones to hand over.
-        self.offsets.forget_slave_commits()
 
-    def _removed_on_master(self, key: str) -> bool:
+    def _removed_on_master(self, key: str, committed_here: set[str]) -> bool:
         """Whether the master no longer has the topic or the group of an offset table key (the
-        topic and group tables are the master's as of this round), or never had a group whose
-        commits this slave has to hand over."""
+        topic and group tables are the master's as of this round); a group it never had whose
+        commits here wait to be handed over (``committed_here``, keys) is not removed."""
         parts = split_offset_key(key)
         if parts is None:
             return False
@@ -296,7 +295,7 @@ class SlaveMetadataSync:
             return True
         # A group first seen while the master was away (its consumer started then) exists only
         # here: its commits are handed to the master below, not dropped as removed there.
-        return group not in self.groups and not self.offsets.committed_here(key)
+        return group not in self.groups and key not in committed_here
 
     async def _sync_delay(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_DELAY_OFFSET)

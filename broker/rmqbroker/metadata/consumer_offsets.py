@@ -250,11 +250,11 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                 self._ahead_of_master.clear()
                 self._mark_changed_locked()
 
-    def committed_here(self, key: str) -> bool:
-        """Whether a group committed a queue of ``topic@group`` to this slave that the master has
+    def keys_committed_here(self) -> set[str]:
+        """The ``topic@group`` keys with a queue a group committed to this slave that the master has
         nothing newer than (see merge_all)."""
         with self._lock:
-            return any(k == key for k, _ in self._ahead_of_master)
+            return {key for key, _ in self._ahead_of_master}
 
     def kept_over_master(self) -> list[tuple[str, str, int, int]]:
         """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""
@@ -313,7 +313,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                     # master before the hand-over is overridden, as with their offsets below the base.
                     mine = current[queue_id]
                     if theirs == base or (not handed and (theirs < base or theirs < mine)):
-                        merged[queue_id] = current[queue_id]
+                        merged[queue_id] = mine
                     else:
                         del self._ahead_of_master[(key, queue_id)]
                         changed = True
