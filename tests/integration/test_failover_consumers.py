@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from typing import Any
 
 from rmqbroker.processors.transaction import CHECK_GROUP, HALF_TOPIC
@@ -491,3 +492,33 @@ def test_a_slave_hands_its_outage_commits_to_its_master_as_soon_as_it_streams_fr
     master.start()
     poll(lambda: query_consumer_offset(master.addr, group, topic, 0) == 9, 5,
          what="the outage's commit handed to the returned master")
+
+
+def test_a_slave_holding_outage_commits_tries_its_master_again_every_half_second(cluster: Cluster) -> None:
+    """A slave whose master is away backs off to one attempt every 5 s (as Java's HAClient), so the
+    hand-over of what a group committed to it during the outage could follow the master's return
+    by up to 5 s, in which a consumer reading the master re-consumes. While it holds such commits it
+    tries every 0.5 s; without them it still backs off."""
+    master, slave = pair(cluster, slaveSyncInterval=60000)
+    group, topic = "CG_RETRY", "OffsetsRetry"
+    create_topic(master.addr, topic, queues=1)
+    assert rpc(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+               body=json.dumps({"groupName": group}).encode()).code == ResponseCode.SUCCESS
+    poll(lambda: slave.status()["metadataSync"]["rounds"] >= 1, 10, what="the first metadata round")
+
+    def failed_attempts_in(seconds: float) -> int:
+        before = int(slave.status()["ha"]["failedAttempts"])
+        time.sleep(seconds)
+        return int(slave.status()["ha"]["failedAttempts"]) - before
+
+    master.kill9()
+    time.sleep(2)  # past the first steps of the back-off (0.5 s, 1 s)
+    assert failed_attempts_in(4) <= 2
+    commit_offset(slave.addr, group, topic, 0, 9)
+    assert slave.status()["metadataSync"]["offsetsToHandOver"] == 1
+    assert failed_attempts_in(3) >= 4
+    master.start()
+    poll(lambda: query_consumer_offset(master.addr, group, topic, 0) == 9, 3,
+         what="the outage's commit handed to the returned master")
+    assert slave.status()["metadataSync"]["offsetsToHandOver"] == 0
+    assert failed_attempts_in(1.5) == 0

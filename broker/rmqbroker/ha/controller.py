@@ -74,7 +74,8 @@ class ReplicationController:
                                   heartbeat_interval=settings.haSendHeartbeatInterval / 1000,
                                   housekeeping_interval=settings.haHousekeepingInterval / 1000,
                                   epochs=epochs, truncate=self._truncate, on_master_lost=self._master_lost,
-                                  on_following=self._master_following, group=group)
+                                  on_following=self._master_following, group=group,
+                                  retry_soon=ctx.offsets.awaits_hand_over)
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
@@ -357,6 +358,8 @@ class ReplicationController:
                                      ha.refused_followers),
             "ha_bytes_received": ("Commitlog bytes received from the master and made visible", client.bytes_received),
             "ha_master_connects": ("Connections made to a master, reconnects included", client.connects),
+            "ha_master_failed_attempts": ("Attempts to follow a master that failed (unreachable, refused)",
+                                          client.failed_attempts),
             "ha_refused_streams": ("Master streams refused (not continuing this log, malformed)", client.mismatches),
             "ha_truncated_bytes": ("Divergent commitlog bytes cut before following a master", client.truncated_bytes),
             "metadata_sync_rounds": ("Slave metadata sync rounds that succeeded", ms.rounds),
@@ -419,6 +422,7 @@ class ReplicationController:
                 "truncatedBytes": self.ha_client.truncated_bytes,
                 "aheadOfMasterBytes": self.ha_client.ahead_bytes,
                 "connects": self.ha_client.connects,
+                "failedAttempts": self.ha_client.failed_attempts,
                 "masterWithoutEpochs": self.ctx.is_slave and self.ha_client.legacy_master,
                 "refusedStreams": self.ha_client.mismatches,
                 "fencedBelowEpoch": self.epochs.fence if self.epochs.fenced else 0,

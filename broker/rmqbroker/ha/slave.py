@@ -69,6 +69,13 @@ F_SETPIPE_SZ = 1031
 REPORT_EVERY = 0.001
 # How long a blocking receive waits before the thread looks at stop, heartbeat and silence (s).
 RECV_POLL = 0.25
+# Retry back-off after a failed attempt to follow a master: doubled from the first to the last (s).
+RETRY_FIRST = 0.5
+RETRY_MAX = 5.0
+# The retry interval while `retry_soon` says something waits for the master's return (s).
+RETRY_SOON = 0.5
+# A failed attempt is logged as a warning at most this often; the ones between at debug.
+FAILURE_LOG_EVERY = 5.0
 # A stopping HA task that takes longer than this is logged with its stack (and again each period).
 STOP_SLOW_SECONDS = 2.0
 # SO_RCVTIMEO / SO_SNDTIMEO value:
@@ -465,6 +472,7 @@ class HAClient:
                  truncate: Callable[[int], None] | None = None,
                  on_master_lost: Callable[[str], None] | None = None,
                  on_following: Callable[[str], None] | None = None,
+                 retry_soon: Callable[[], bool] | None = None,
                  group: tuple[str, str] | None = None) -> None:
         self.store = store
         # (brokerName, brokerClusterName) of this broker: a master that tells another is not
@@ -477,6 +485,11 @@ class HAClient:
         # Called with the address each time this slave starts streaming from a master (reconnects
         # included): a master that is back after an outage.
         self._on_following = on_following
+        # While it says True, a master that cannot be followed is tried again every RETRY_SOON
+        # seconds instead of backing off to RETRY_MAX: something waits for its return (consumer
+        # offsets committed here during an outage, which a consumer reading the returned master's
+        # own would otherwise re-consume from until they are handed over).
+        self._retry_soon = retry_soon
         self.heartbeat_interval = heartbeat_interval
         self.housekeeping_interval = housekeeping_interval
         self.epochs = epochs
@@ -494,6 +507,8 @@ class HAClient:
         self.bytes_received = 0
         self.mismatches = 0
         self.connects = 0  # connections established to a master, reconnects included
+        self.failed_attempts = 0  # attempts to follow a master that failed (unreachable, refused, ...)
+        self._failure_logged = float("-inf")  # monotonic time of the last failure logged as a warning
         # Whether the current master was followed without the epoch handshake (a RocketMQ 4.x master).
         self.legacy_master = False
         # The next connection to this address skips the epoch query (it was just taken for an offset).
@@ -597,7 +612,7 @@ class HAClient:
 
     # -- connection loop --
     async def _run(self) -> None:
-        backoff = 0.5
+        backoff = RETRY_FIRST
         while True:
             addr = self.master_addr
             self._changed.clear()
@@ -607,7 +622,8 @@ class HAClient:
             failed = True
             try:
                 await self._follow(addr)
-                backoff = 0.5
+                backoff = RETRY_FIRST
+                self._failure_logged = float("-inf")
                 failed = False
             except LegacyMasterError:
                 log.warning("HA master %s does not know the epoch handshake (an Apache RocketMQ 4.x master?): "
@@ -616,7 +632,7 @@ class HAClient:
                 failed = False
                 continue
             except (OSError, ConnectionError, TimeoutError) as exc:
-                log.warning("HA connection to %s failed: %s", addr, exc)
+                self._log_failure("HA connection to %s failed: %s", addr, exc)
             except EpochChangedError as exc:
                 # A role change or re-point overtook the handshake; the next one starts from the
                 # epoch state as it is now.
@@ -634,10 +650,30 @@ class HAClient:
                 self.local_address = None
             if self._changed.is_set():
                 continue
-            if failed and self._on_master_lost is not None:
-                self._on_master_lost(addr)
-            await self._wait_change(backoff)
-            backoff = min(backoff * 2, 5.0)
+            if failed:
+                self.failed_attempts += 1
+                if self._on_master_lost is not None:
+                    self._on_master_lost(addr)
+            await self._back_off(backoff)
+            backoff = min(backoff * 2, RETRY_MAX)
+
+    def _log_failure(self, msg: str, *args: object) -> None:
+        """A master down for minutes is tried hundreds of times: a warning now and then is enough."""
+        now = time.monotonic()
+        if now - self._failure_logged >= FAILURE_LOG_EVERY:
+            self._failure_logged = now
+            log.warning(msg, *args)
+        else:
+            log.debug(msg, *args)
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait ``delay`` seconds, a re-point, or, while ``retry_soon`` says so, RETRY_SOON at most
+        (looked at every RETRY_SOON, so a reason arising during a long back-off shortens it)."""
+        deadline = time.monotonic() + delay
+        while (remaining := deadline - time.monotonic()) > 0:
+            await self._wait_change(min(remaining, RETRY_SOON))
+            if self._changed.is_set() or (self._retry_soon is not None and self._retry_soon()):
+                return
 
     async def _wait_change(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

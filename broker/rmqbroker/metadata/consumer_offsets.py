@@ -256,6 +256,12 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         with self._lock:
             return {key for key, _ in self._ahead_of_master}
 
+    def awaits_hand_over(self) -> bool:
+        """Whether a commit made here is kept over the master's and not handed over yet."""
+        with self._lock:
+            return any(self._table.get(key, {}).get(queue_id, base) != base
+                       for (key, queue_id), (base, _) in self._ahead_of_master.items())
+
     def kept_over_master(self) -> list[tuple[str, str, int, int]]:
         """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""
         out: list[tuple[str, str, int, int]] = []
