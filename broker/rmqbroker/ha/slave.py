@@ -623,7 +623,6 @@ class HAClient:
             try:
                 await self._follow(addr)
                 backoff = RETRY_FIRST
-                self._failure_logged = float("-inf")
                 failed = False
             except LegacyMasterError:
                 log.warning("HA master %s does not know the epoch handshake (an Apache RocketMQ 4.x master?): "
@@ -720,6 +719,7 @@ class HAClient:
             start = self.store.max_phy_offset()
             log.info("HA following master %s from offset %d", addr, start)
             self.streaming = True
+            self._failure_logged = float("-inf")  # losing this master is news, whenever it comes
             if self._on_following is not None:
                 self._on_following(addr)
             running = loop.run_in_executor(self.receiver_pool, receiver.stream, start)
