@@ -203,8 +203,10 @@ class SlaveMetadataSync:
     async def _sync_offsets(self, master: str) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
         table = await asyncio.to_thread(decode_consumer_offsets, body)
-        current = self.offsets.table()
-        changed = self.offsets.merge_all(table)
+        # Only the keys the master does not report are looked at beyond the merge; the table can
+        # hold hundreds of thousands of queue offsets, so it is neither copied nor merged at once.
+        current = self.offsets.entries([key for key in self.offsets.table_keys() if key not in table])
+        changed = await self.offsets.merge_all_async(table)
         # Merged, not replaced (RocketMQ's putAll): offsets committed here while the master was
         # away stay. Those the master removed with their topic (DELETE_TOPIC) or their group
         # (DELETE_SUBSCRIPTIONGROUP with removeOffset) go: promoted, this broker would otherwise
@@ -222,7 +224,7 @@ class SlaveMetadataSync:
         if kept:
             log.info("offsets removed on master %s removed here too (queues committed here kept): %s", master,
                      {key: sorted(set(current[key]) - set(queues)) for key, queues in kept.items()})
-        self._received_offsets = {key: dict(queues) for key, queues in table.items()}
+        self._received_offsets = table  # decoded for this round alone: nothing else holds or changes it
         self._received_from = master
         if changed:
             await self.offsets.persist_async()

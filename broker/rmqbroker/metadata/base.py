@@ -97,13 +97,28 @@ class JsonConfigFile(ABC, Generic[P]):
     def persist(self) -> None:
         """Write the current state to disk (blocking, fsyncs).  Raises MetadataPersistError."""
         with self._persist_lock:
-            with self._lock:
-                obj = self._snapshot_locked()
-                generation = self._generation
-            atomic_write(self._path, to_json_text(obj, pretty=True))
-            with self._lock:
-                self._persisted_generation = max(self._persisted_generation, generation)
+            generation, text = self._file_text()
+            self._write_locked(generation, text)
+
+    def _file_text(self) -> tuple[int, str]:
+        """The generation of the state and the file's text of it (at least that new)."""
+        with self._lock:
+            obj = self._snapshot_locked()
+            generation = self._generation
+        return generation, to_json_text(obj, pretty=True)
+
+    def _write_locked(self, generation: int, text: str) -> None:
+        """Write ``text``, the state at ``generation`` or later; the persist lock is held."""
+        atomic_write(self._path, text)
+        with self._lock:
+            self._persisted_generation = max(self._persisted_generation, generation)
         log.debug("persisted %s", self._path)
+
+    def _write_unless_older(self, generation: int, text: str) -> None:
+        """Write ``text`` (read without the persist lock) unless a newer state is on disk already."""
+        with self._persist_lock:
+            if generation > self._persisted_generation:
+                self._write_locked(generation, text)
 
     def persist_if_dirty(self) -> bool:
         """Persist only when something changed since the last write; True if a write happened."""

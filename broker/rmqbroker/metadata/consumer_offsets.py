@@ -7,16 +7,18 @@ shutdown, and the ``dirty`` flag lets it skip the write when nothing was committ
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed
 from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.errors import MetadataFormatError
-from rmqbroker.metadata.jsonfile import fastjson_loads
+from rmqbroker.metadata.jsonfile import fastjson_loads, to_json_text
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ _Parsed = tuple[OffsetTable, dict[str, Any], SlaveCommits]
 # keeps and hands over what a group committed to it while its master was away). Java's decoder
 # ignores fields it does not know; a master never writes it.
 SLAVE_COMMITS_FIELD = "slaveCommits"
+# Table keys encoded per piece of the file's text (see ConsumerOffsetManager._pieces): about a
+# millisecond for keys of 8 queues.
+PIECE_KEYS = 256
 
 
 def offset_key(topic: str, group: str) -> str:
@@ -51,7 +56,7 @@ def _decode_obj(obj: Any) -> _Parsed:
     raw_table = data.get("offsetTable")
     if raw_table is not None:
         for key, raw in as_object(raw_table, "offsetTable").items():
-            table[key] = int_keyed(raw, f"offsetTable[{key}]")
+            table[key] = int_keyed(raw, functools.partial("offsetTable[{}]".format, key))
     extra = {k: v for k, v in data.items() if k not in ("offsetTable", SLAVE_COMMITS_FIELD)}
     commits: SlaveCommits = {}
     raw_commits = data.get(SLAVE_COMMITS_FIELD)
@@ -91,6 +96,14 @@ def decode_consumer_offsets(text: str | bytes) -> OffsetTable:
     return table
 
 
+async def _join_yielding(pieces: Iterator[str]) -> str:
+    out: list[str] = []
+    for piece in pieces:
+        out.append(piece)
+        await asyncio.sleep(0)
+    return "".join(out)
+
+
 def encode_offset_table(table: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
     return {key: {str(q): table[key][q] for q in sorted(table[key])} for key in sorted(table)}
 
@@ -119,6 +132,67 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
 
     def _install_locked(self, parsed: _Parsed) -> None:
         self._table, self._extra, self._ahead_of_master = parsed
+
+    def _file_text(self) -> tuple[int, str]:
+        with self._lock:
+            generation = self._generation
+        return generation, "".join(self._pieces(pretty=True))
+
+    def _pieces(self, pretty: bool) -> Iterator[str]:
+        """The file's JSON text in pieces, each read under the lock on its own, so that a caller on
+        the event loop can let it run between them: for a table of hundreds of thousands of queue
+        offsets one whole encoding held the loop for ~0.25 s. Each key's queues are as they were
+        when its piece was read (as Java's ConcurrentHashMap is serialised), not one atomic
+        snapshot. ``pretty``: one key per line, its queues on it (the encoder's own indentation
+        costs four times as long, in Python, where threads queue behind it for the GIL)."""
+        with self._lock:
+            head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
+            if self._ahead_of_master:
+                head[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
+            keys = sorted(self._table)
+        newline, indent = ("\n", "\t") if pretty else ("", "")
+        fields = sorted([*head, "offsetTable"])
+        yield "{" + newline
+        for n, name in enumerate(fields):
+            end = ("," if n < len(fields) - 1 else "") + newline
+            if name != "offsetTable":
+                yield f"{indent}{to_json_text(name, pretty=False)}:{to_json_text(head[name], pretty=False)}{end}"
+                continue
+            yield '"offsetTable":{'.join((indent, newline if keys else ""))
+            first = True
+            for start in range(0, len(keys), PIECE_KEYS):
+                with self._lock:
+                    piece = {key: {str(q): queues[q] for q in sorted(queues)} for key in keys[start:start + PIECE_KEYS]
+                             if (queues := self._table.get(key)) is not None}
+                if not piece:
+                    continue
+                # Compact text of {key: {queue: offset}} maps: a '},"' outside a string ends an
+                # entry, and none is inside one (every '"' in a JSON string is escaped).
+                text = to_json_text(piece, pretty=False)[1:-1]
+                if pretty:
+                    text = text.replace('},"', '},\n\t\t"')
+                yield ("" if first else "," + newline) + indent * 2 + text
+                first = False
+            yield (newline + indent if keys else "") + "}" + end
+        yield "}"
+
+    async def encode_async(self) -> str:
+        """encode(), with the event loop let run between the pieces (GET_ALL_CONSUMER_OFFSET)."""
+        return await _join_yielding(self._pieces(pretty=False))
+
+    async def persist_async(self) -> None:
+        """Persist with the text built on the loop, piece by piece, and written (fsync) by a worker
+        thread."""
+        with self._lock:
+            generation = self._generation
+        text = await _join_yielding(self._pieces(pretty=True))
+        await asyncio.to_thread(self._write_unless_older, generation, text)
+
+    async def persist_if_dirty_async(self) -> bool:
+        if not self.dirty:
+            return False
+        await self.persist_async()
+        return True
 
     def _snapshot_locked(self) -> dict[str, Any]:
         obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
@@ -288,6 +362,16 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         with self._lock:
             return {key: dict(queues) for key, queues in self._table.items()}
 
+    def table_keys(self) -> list[str]:
+        """The ``topic@group`` keys of the table."""
+        with self._lock:
+            return list(self._table)
+
+    def entries(self, keys: Iterable[str]) -> OffsetTable:
+        """A copy of the named keys' queues (keys not in the table left out)."""
+        with self._lock:
+            return {key: dict(queues) for key in keys if (queues := self._table.get(key)) is not None}
+
     def merge_all(self, table: Mapping[str, Mapping[int, int]]) -> bool:
         """Slave sync (§7.6): each incoming ``topic@group`` entry replaces the local one (RocketMQ's
         putAll), except a queue offset committed here that the master knows nothing newer than.
@@ -299,33 +383,55 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         flushConsumerOffsetInterval of its commits); after, any offset but the one handed over is
         the master's own (the group committed there, or it was reset) and wins. True if anything
         changed."""
-        changed = False
         with self._lock:
-            for key, queues in table.items():
-                merged = dict(queues)
-                current = self._table.get(key, {})
-                for queue_id in list(current):
-                    pending = self._ahead_of_master.get((key, queue_id))
-                    if pending is None:
-                        continue
-                    base, handed = pending
-                    theirs = merged.get(queue_id, -1)
-                    # Before the hand-over, a master offset between the base and the group's commit
-                    # here is stale too: the base is the master's offset as of the last round before
-                    # the outage, and the master may come back with a later one that still predates
-                    # every commit made here (one flushed after that round and before a kill -9; a
-                    # hung master, SIGSTOP, applies on resuming the commits queued in its sockets).
-                    # A group's commits only move forward, except resets: one made on the returned
-                    # master before the hand-over is overridden, as with their offsets below the base.
-                    mine = current[queue_id]
-                    if theirs == base or (not handed and (theirs < base or theirs < mine)):
-                        merged[queue_id] = mine
-                    else:
-                        del self._ahead_of_master[(key, queue_id)]
-                        changed = True
-                if merged != current:
-                    self._table[key] = merged
+            return self._merge_locked(table.items())
+
+    async def merge_all_async(self, table: Mapping[str, Mapping[int, int]]) -> bool:
+        """merge_all() in slices of PIECE_KEYS keys, the event loop let run between them (a slave
+        merges its master's whole table each round)."""
+        items = list(table.items())
+        changed = False
+        for start in range(0, len(items), PIECE_KEYS):
+            with self._lock:
+                changed |= self._merge_locked(items[start:start + PIECE_KEYS])
+            await asyncio.sleep(0)
+        return changed
+
+    def _merge_locked(self, items: Iterable[tuple[str, Mapping[int, int]]]) -> bool:
+        changed = False
+        pending_keys = {key for key, _ in self._ahead_of_master}
+        for key, queues in items:
+            if key not in pending_keys:
+                # Nothing committed here: the master's queues as they are (compared first, so that
+                # an unchanged table of hundreds of thousands of offsets costs no copies).
+                if self._table.get(key, {}) != queues:
+                    self._table[key] = dict(queues)
                     changed = True
-            if changed:
-                self._mark_changed_locked()
+                continue
+            merged = dict(queues)
+            current = self._table.get(key, {})
+            for queue_id in list(current):
+                pending = self._ahead_of_master.get((key, queue_id))
+                if pending is None:
+                    continue
+                base, handed = pending
+                theirs = merged.get(queue_id, -1)
+                # Before the hand-over, a master offset between the base and the group's commit
+                # here is stale too: the base is the master's offset as of the last round before
+                # the outage, and the master may come back with a later one that still predates
+                # every commit made here (one flushed after that round and before a kill -9; a
+                # hung master, SIGSTOP, applies on resuming the commits queued in its sockets).
+                # A group's commits only move forward, except resets: one made on the returned
+                # master before the hand-over is overridden, as with their offsets below the base.
+                mine = current[queue_id]
+                if theirs == base or (not handed and (theirs < base or theirs < mine)):
+                    merged[queue_id] = mine
+                else:
+                    del self._ahead_of_master[(key, queue_id)]
+                    changed = True
+            if merged != current:
+                self._table[key] = merged
+                changed = True
+        if changed:
+            self._mark_changed_locked()
         return changed

@@ -335,7 +335,7 @@ class AdminProcessor:
         return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_all_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.offsets.encode().encode("utf-8"))
+        return cmd.make_response(ResponseCode.SUCCESS, body=(await self.ctx.offsets.encode_async()).encode("utf-8"))
 
     async def get_all_delay_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.delay_offsets.encode().encode("utf-8"))

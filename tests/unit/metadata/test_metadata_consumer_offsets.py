@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
+from rmqbroker.metadata.consumer_offsets import PIECE_KEYS, ConsumerOffsetManager, decode_consumer_offsets
 from rmqbroker.metadata.errors import MetadataLoadError
 
 # What a 4.9.x broker writes: fastjson pretty print, bare integer keys, odd closing-brace breaks.
@@ -197,3 +198,85 @@ def test_a_damaged_slave_commits_field_costs_only_the_marks(config_dir: Path) ->
     assert mgr.kept_over_master() == []
     mgr.merge_all({"T@G": {0: 4}})  # without marks, the master's table wins (as RocketMQ's putAll)
     assert mgr.query("G", "T", 0) == 4
+
+
+# ------------------------------------------------------------------ large tables, piece by piece
+def big_table(mgr: ConsumerOffsetManager, keys: int) -> None:
+    for i in range(keys):
+        for q in (3, 0, 1):  # committed out of order: the file lists queues in order
+            mgr.commit(f"G{i % 7}", f"Topic{i:05d}", q, i * 10 + q)
+
+
+@pytest.mark.parametrize("keys", [0, 1, PIECE_KEYS, PIECE_KEYS * 2 + 1])
+def test_the_pieces_give_the_encoding_of_the_whole_table(config_dir: Path, keys: int) -> None:
+    """GET_ALL_CONSUMER_OFFSET is answered from pieces of PIECE_KEYS keys so that the event loop runs
+    between them: joined, they are the same text as one encoding, extra fields and a slave's
+    outage commits included; the file, one key per line, decodes to the same table (also by a
+    fresh manager loading it)."""
+    (config_dir / "consumerOffset.json").write_text(JAVA_GET_ALL_BODY)
+    mgr = ConsumerOffsetManager(config_dir)
+    big_table(mgr, keys)
+    mgr.commit("CG", "TopicTest", 0, 99, on_slave=True)
+    assert asyncio.run(mgr.encode_async()) == mgr.encode()
+    mgr.persist()
+    text = (config_dir / "consumerOffset.json").read_text()
+    assert json.loads(text) == json.loads(mgr.encode())
+    assert text.count("\n") >= keys  # one line per key
+    again = ConsumerOffsetManager(config_dir)
+    assert again.table() == mgr.table() and again.keys_committed_here() == {"TopicTest@CG"}
+
+
+def test_commits_between_the_pieces_leave_the_text_whole(config_dir: Path) -> None:
+    """The loop runs between the pieces, and what it commits or removes there shows in the pieces
+    read after it (as Java serialises its concurrent map); the text stays one JSON document and a
+    persist made that way leaves the table dirty if it may have missed a change."""
+    mgr = ConsumerOffsetManager(config_dir)
+    keys = PIECE_KEYS * 3
+    big_table(mgr, keys)
+    mgr.persist()
+    last, removed = (f"Topic{i:05d}@G{i % 7}" for i in (keys - 1, keys - 2))  # both in the last piece
+
+    async def run() -> str:
+        async def meanwhile() -> None:
+            await asyncio.sleep(0)
+            topic, group = last.split("@")
+            mgr.commit(group, topic, 0, 123456)
+            mgr.remove_keys([removed])
+            mgr.commit("G9", "ANewTopic", 0, 1)  # after the keys were listed
+
+        other = asyncio.create_task(meanwhile())
+        text = await mgr.encode_async()
+        await mgr.persist_async()
+        await other
+        return text
+
+    text = asyncio.run(run())
+    table = json.loads(text)["offsetTable"]
+    assert table[last]["0"] == 123456 and removed not in table
+    assert "ANewTopic@G9" not in table and len(table) == keys - 1
+    on_disk = json.loads((config_dir / "consumerOffset.json").read_text())["offsetTable"]
+    assert on_disk[last]["0"] == 123456
+    assert mgr.dirty or "ANewTopic@G9" in on_disk
+
+
+def test_merge_in_slices_is_the_whole_merge(config_dir: Path, tmp_path: Path) -> None:
+    """A slave merges its master's table in slices of PIECE_KEYS keys (the event loop runs between
+    them) with the same outcome as at once: the master's queues taken, the outage commits kept over
+    its stale ones, a pending mark dropped where the master moved on."""
+    managers = []
+    for where in (config_dir, tmp_path):
+        mgr = ConsumerOffsetManager(where)
+        big_table(mgr, PIECE_KEYS * 2 + 5)
+        incoming = mgr.table()  # the master's table, synced before the outage
+        mgr.commit("G1", "Topic00001", 0, 500, on_slave=True)  # kept: the master has nothing newer
+        mgr.commit("G3", "Topic00003", 1, 500, on_slave=True)  # dropped: the master moved on
+        managers.append(mgr)
+    for key in list(incoming)[::4]:  # other groups committed on the master
+        incoming[key] = {q: o + 1 for q, o in incoming[key].items()}
+    incoming["Topic00003@G3"][1] = 9999
+    assert managers[0].merge_all(incoming)
+    assert asyncio.run(managers[1].merge_all_async(incoming))
+    assert managers[0].table() == managers[1].table()
+    assert managers[1].query("G1", "Topic00001", 0) == 500 and managers[1].query("G3", "Topic00003", 1) == 9999
+    assert managers[0].keys_committed_here() == managers[1].keys_committed_here() == {"Topic00001@G1"}
+    assert not asyncio.run(managers[1].merge_all_async(incoming))  # nothing left to change
