@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -91,8 +93,126 @@ def _encode_slave_commits(commits: SlaveCommits) -> dict[str, dict[str, dict[str
 
 
 def decode_consumer_offsets(text: str | bytes) -> OffsetTable:
-    """Parse consumerOffset.json / a GET_ALL_CONSUMER_OFFSET body (quoted or bare int keys)."""
-    table, _, _ = _decode_obj(fastjson_loads(text))
+    """Parse consumerOffset.json / a GET_ALL_CONSUMER_OFFSET body (quoted or bare int keys).
+
+    Standard JSON is read one offset table entry at a time, so that a slave decoding its master's
+    table in a worker thread gives the event loop the GIL between entries: one ``json.loads`` of
+    hundreds of thousands of queue offsets holds it ~70 ms at once. Anything else (fastjson's
+    bare integer keys, as a Java master writes them) is read whole, as before."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetadataFormatError("metadata JSON is not valid UTF-8") from exc
+    try:
+        return _offset_table_by_entry(text.removeprefix("\ufeff"))
+    except _NotPlainJson:
+        table, _, _ = _decode_obj(fastjson_loads(text))
+        return table
+
+
+class _NotPlainJson(Exception):
+    pass
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+_BLANKS = frozenset(" \t\n\r")
+
+
+class _Scanner:
+    """A cursor over standard JSON text that reads an object member by member."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.at = 0
+
+    def space(self) -> None:
+        if self.text[self.at:self.at + 1] in _BLANKS:  # compact text has none: no regex then
+            match = _SPACE.match(self.text, self.at)
+            self.at = match.end() if match else self.at
+
+    def take(self, char: str) -> bool:
+        self.space()
+        if self.text.startswith(char, self.at):
+            self.at += 1
+            return True
+        return False
+
+    def expect(self, char: str) -> None:
+        if not self.take(char):
+            raise _NotPlainJson
+
+    def value(self) -> Any:
+        self.space()
+        try:
+            obj, self.at = _DECODER.raw_decode(self.text, self.at)
+        except ValueError as exc:
+            raise _NotPlainJson from exc
+        return obj
+
+    def members(self) -> Iterator[str]:
+        """The keys of the object starting here; at each, the caller reads its value."""
+        self.expect("{")
+        if self.take("}"):
+            return
+        while True:
+            self.space()
+            if not self.text.startswith('"', self.at):
+                raise _NotPlainJson
+            key = self.value()
+            self.expect(":")
+            yield key
+            if self.take("}"):
+                return
+            self.expect(",")
+
+
+    def offset_table(self, table: OffsetTable) -> None:
+        """Read the ``{key: {queueId: offset}}`` object starting here into ``table``: members()
+        and value() inlined, for the hundreds of thousands of entries a master may send."""
+        self.expect("{")
+        text, decode, space = self.text, _DECODER.raw_decode, _SPACE.match
+        at = self.at
+        try:
+            at = space(text, at).end()  # type: ignore[union-attr]  # matches the empty string
+            if text.startswith("}", at):
+                self.at = at + 1
+                return
+            while True:
+                key, at = decode(text, at)
+                at = space(text, at).end()  # type: ignore[union-attr]
+                if type(key) is not str or not text.startswith(":", at):
+                    raise _NotPlainJson
+                raw, at = decode(text, space(text, at + 1).end())  # type: ignore[union-attr]
+                table[key] = int_keyed(raw, functools.partial("offsetTable[{}]".format, key))
+                at = space(text, at).end()  # type: ignore[union-attr]
+                if text.startswith("}", at):
+                    self.at = at + 1
+                    return
+                if not text.startswith(",", at):
+                    raise _NotPlainJson
+                at = space(text, at + 1).end()  # type: ignore[union-attr]
+        except ValueError as exc:  # raw_decode's JSONDecodeError, not MetadataFormatError
+            if isinstance(exc, MetadataFormatError):
+                raise
+            raise _NotPlainJson from exc
+
+
+def _offset_table_by_entry(text: str) -> OffsetTable:
+    """The ``offsetTable`` of a standard JSON object, decoded entry by entry (the other fields are
+    read and left); _NotPlainJson when the text is not such an object."""
+    scanner = _Scanner(text)
+    table: OffsetTable = {}
+    for field in scanner.members():
+        if field == "offsetTable":
+            table = {}  # as json.loads: the last of repeated fields counts
+            scanner.offset_table(table)
+        else:
+            scanner.value()
+    scanner.space()
+    if scanner.at != len(text):
+        raise _NotPlainJson
     return table
 
 

@@ -280,3 +280,40 @@ def test_merge_in_slices_is_the_whole_merge(config_dir: Path, tmp_path: Path) ->
     assert managers[1].query("G1", "Topic00001", 0) == 500 and managers[1].query("G3", "Topic00003", 1) == 9999
     assert managers[0].keys_committed_here() == managers[1].keys_committed_here() == {"Topic00001@G1"}
     assert not asyncio.run(managers[1].merge_all_async(incoming))  # nothing left to change
+
+
+@pytest.mark.parametrize("text", [
+    "{}", " { } ", '{"offsetTable":{}}', '{"offsetTable":null}', '{"offsetTable":5}', '{"offsetTable":[]}',
+    '{"dataVersion":{"counter":1},"offsetTable":{"T@G":{"0":1,"1":2}},"x":[1,{"y":"}"}]}',
+    '{\n\t"offsetTable":{\n\t\t"T@G":{"0":1},\n\t\t"U@G":{"3":4}\n\t}\n}\n',
+    '{"offsetTable":{"T@G":{"0":1}},"offsetTable":{"U@G":{"1":2}}}',
+    '{"offsetTable":{"T\\u00e9@G":{"0":1},"a},\\"b@G":{"1":2}}}',
+    '\ufeff{"offsetTable":{"T@G":{"0":1}}}',
+    '{"offsetTable":{"T@G":{0:1,-1:2}}}',  # fastjson's bare keys (a Java master)
+    '{"offsetTable":{"T@G":{"0":"7","1":8.0}}}',  # quoted and float numbers
+    '{"offsetTable":{"T@G":{"0":true}}}', '{"offsetTable":{"T@G":{"x":1}}}', '{"offsetTable":{"T@G":5}}',
+    '{"offsetTable":{"T@G":{"0":1}}} trailing', '{"offsetTable":{"T@G":{"0":1}}', '{"offsetTable":{"T@G":{"0":1},}}',
+    '[1]', '"s"', '', '{"offsetTable":{"T@G":{"0":1}}}{}',
+])
+def test_decoding_entry_by_entry_is_decoding_at_once(text: str) -> None:
+    """A slave decodes its master's table entry by entry (so that the event loop gets the GIL in
+    between): same table or same refusal as decoding the whole text at once."""
+    from rmqbroker.metadata.consumer_offsets import _decode_obj
+    from rmqbroker.metadata.errors import MetadataFormatError
+    from rmqbroker.metadata.jsonfile import fastjson_loads
+
+    def at_once() -> object:
+        try:
+            return _decode_obj(fastjson_loads(text))[0]
+        except MetadataFormatError:
+            return MetadataFormatError
+
+    def by_entry(body: str | bytes) -> object:
+        try:
+            return decode_consumer_offsets(body)
+        except MetadataFormatError:
+            return MetadataFormatError
+
+    expected = at_once()
+    assert by_entry(text) == expected
+    assert by_entry(text.encode()) == expected
