@@ -167,7 +167,6 @@ class _Scanner:
                 return
             self.expect(",")
 
-
     def offset_table(self, table: OffsetTable) -> None:
         """Read the ``{key: {queueId: offset}}`` object starting here into ``table``: members()
         and value() inlined, for the hundreds of thousands of entries a master may send."""
@@ -278,7 +277,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
             if name != "offsetTable":
                 yield f"{indent}{to_json_text(name, pretty=False)}:{to_json_text(head[name], pretty=False)}{end}"
                 continue
-            yield '"offsetTable":{'.join((indent, newline if keys else ""))
+            yield f'{indent}"offsetTable":{{{newline if keys else ""}'
             first = True
             for start in range(0, len(keys), PIECE_KEYS):
                 with self._lock:
