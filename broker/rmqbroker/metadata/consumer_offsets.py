@@ -285,11 +285,15 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
                              if (queues := self._table.get(key)) is not None}
                 if not piece:
                     continue
-                # Compact text of {key: {queue: offset}} maps: a '},"' outside a string ends an
-                # entry, and none is inside one (every '"' in a JSON string is escaped).
                 text = to_json_text(piece, pretty=False)[1:-1]
                 if pretty:
-                    text = text.replace('},"', '},\n\t\t"')
+                    # In compact {key: {queue: offset}} text a '},"' ends an entry, unless a key
+                    # holds a '}' (clients name groups; a key "T@G}," would end in one).
+                    if any("}" in key for key in piece):
+                        text = ",\n\t\t".join(f"{to_json_text(key, pretty=False)}:{to_json_text(queues, pretty=False)}"
+                                                for key, queues in piece.items())
+                    else:
+                        text = text.replace('},"', '},\n\t\t"')
                 yield ("" if first else "," + newline) + indent * 2 + text
                 first = False
             yield (newline + indent if keys else "") + "}" + end

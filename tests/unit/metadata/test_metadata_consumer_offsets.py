@@ -317,3 +317,14 @@ def test_decoding_entry_by_entry_is_decoding_at_once(text: str) -> None:
     expected = at_once()
     assert by_entry(text) == expected
     assert by_entry(text.encode()) == expected
+
+
+def test_a_key_with_braces_and_commas_survives_the_file(config_dir: Path) -> None:
+    """The file lists one key per line by cutting the compact text after each '},"': a group named
+    by a client with '},' in it must not be cut inside its name."""
+    mgr = ConsumerOffsetManager(config_dir)
+    mgr.commit('G},"x', "T", 0, 1)
+    mgr.commit("G},", "T", 1, 2)
+    mgr.commit("H", "T", 0, 3)
+    mgr.persist()
+    assert ConsumerOffsetManager(config_dir).table() == {'T@G},"x': {0: 1}, "T@G},": {1: 2}, "T@H": {0: 3}}
