@@ -13,14 +13,14 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed
 from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.errors import MetadataFormatError
-from rmqbroker.metadata.jsonfile import fastjson_loads, to_json_text
+from rmqbroker.metadata.jsonfile import PIECE_KEYS, fastjson_loads, join_yielding, object_pieces
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ _Parsed = tuple[OffsetTable, dict[str, Any], SlaveCommits]
 # keeps and hands over what a group committed to it while its master was away). Java's decoder
 # ignores fields it does not know; a master never writes it.
 SLAVE_COMMITS_FIELD = "slaveCommits"
-# Table keys encoded per piece of the file's text (see ConsumerOffsetManager._pieces): about a
-# millisecond for keys of 8 queues.
-PIECE_KEYS = 256
 
 
 def offset_key(topic: str, group: str) -> str:
@@ -215,14 +212,6 @@ def _offset_table_by_entry(text: str) -> OffsetTable:
     return table
 
 
-async def _join_yielding(pieces: Iterator[str]) -> str:
-    out: list[str] = []
-    for piece in pieces:
-        out.append(piece)
-        await asyncio.sleep(0)
-    return "".join(out)
-
-
 def encode_offset_table(table: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
     return {key: {str(q): table[key][q] for q in sorted(table[key])} for key in sorted(table)}
 
@@ -258,57 +247,33 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         return generation, "".join(self._pieces(pretty=True))
 
     def _pieces(self, pretty: bool) -> Iterator[str]:
-        """The file's JSON text in pieces, each read under the lock on its own, so that a caller on
-        the event loop can let it run between them: for a table of hundreds of thousands of queue
-        offsets one whole encoding held the loop for ~0.25 s. Each key's queues are as they were
-        when its piece was read (as Java's ConcurrentHashMap is serialised), not one atomic
-        snapshot. ``pretty``: one key per line, its queues on it (the encoder's own indentation
-        costs four times as long, in Python, where threads queue behind it for the GIL)."""
+        """The file's JSON text in pieces (object_pieces), so that a caller on the event loop can
+        let it run between them: for a table of hundreds of thousands of queue offsets one whole
+        encoding held the loop for ~0.25 s. Each key's queues are as they were when its piece was
+        read (as Java's ConcurrentHashMap is serialised), not one atomic snapshot."""
         with self._lock:
             head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
             if self._ahead_of_master:
                 head[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
             keys = sorted(self._table)
-        newline, indent = ("\n", "\t") if pretty else ("", "")
-        fields = sorted([*head, "offsetTable"])
-        yield "{" + newline
-        for n, name in enumerate(fields):
-            end = ("," if n < len(fields) - 1 else "") + newline
-            if name != "offsetTable":
-                yield f"{indent}{to_json_text(name, pretty=False)}:{to_json_text(head[name], pretty=False)}{end}"
-                continue
-            yield f'{indent}"offsetTable":{{{newline if keys else ""}'
-            first = True
-            for start in range(0, len(keys), PIECE_KEYS):
-                with self._lock:
-                    piece = {key: {str(q): queues[q] for q in sorted(queues)} for key in keys[start:start + PIECE_KEYS]
-                             if (queues := self._table.get(key)) is not None}
-                if not piece:
-                    continue
-                text = to_json_text(piece, pretty=False)[1:-1]
-                if pretty:
-                    # In compact {key: {queue: offset}} text a '},"' ends an entry, unless a key
-                    # holds a '}' (clients name groups; a key "T@G}," would end in one).
-                    if any("}" in key for key in piece):
-                        text = ",\n\t\t".join(f"{to_json_text(key, pretty=False)}:{to_json_text(queues, pretty=False)}"
-                                                for key, queues in piece.items())
-                    else:
-                        text = text.replace('},"', '},\n\t\t"')
-                yield ("" if first else "," + newline) + indent * 2 + text
-                first = False
-            yield (newline + indent if keys else "") + "}" + end
-        yield "}"
+
+        def read(names: Sequence[str]) -> dict[str, dict[str, int]]:
+            with self._lock:
+                return {key: {str(q): queues[q] for q in sorted(queues)} for key in names
+                        if (queues := self._table.get(key)) is not None}
+
+        return object_pieces(head, "offsetTable", keys, read, pretty=pretty)
 
     async def encode_async(self) -> str:
         """encode(), with the event loop let run between the pieces (GET_ALL_CONSUMER_OFFSET)."""
-        return await _join_yielding(self._pieces(pretty=False))
+        return await join_yielding(self._pieces(pretty=False))
 
     async def persist_async(self) -> None:
         """Persist with the text built on the loop, piece by piece, and written (fsync) by a worker
         thread."""
         with self._lock:
             generation = self._generation
-        text = await _join_yielding(self._pieces(pretty=True))
+        text = await join_yielding(self._pieces(pretty=True))
         await asyncio.to_thread(self._write_unless_older, generation, text)
 
     async def persist_if_dirty_async(self) -> bool:

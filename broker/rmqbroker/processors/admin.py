@@ -325,7 +325,7 @@ class AdminProcessor:
         if len(self.ctx.topics) == 0:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
         deleted = self.ctx.store.deleted_topics()
-        body = self.ctx.topics.encode(extra={DELETED_TOPICS_KEY: deleted} if deleted else None)
+        body = await self.ctx.topics.encode_async(extra={DELETED_TOPICS_KEY: deleted} if deleted else None)
         return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_system_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -341,7 +341,7 @@ class AdminProcessor:
         return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.delay_offsets.encode().encode("utf-8"))
 
     async def get_all_subscription_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.make_response(ResponseCode.SUCCESS, body=self.ctx.groups.encode().encode("utf-8"))
+        return cmd.make_response(ResponseCode.SUCCESS, body=(await self.ctx.groups.encode_async()).encode("utf-8"))
 
     async def reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """mqadmin resetOffsetByTime for a group that is online (Broker2Client.resetOffset): each queue's

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqbroker.metadata.consumer_offsets import PIECE_KEYS, ConsumerOffsetManager, decode_consumer_offsets
+from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, decode_consumer_offsets
 from rmqbroker.metadata.errors import MetadataLoadError
+from rmqbroker.metadata.jsonfile import PIECE_KEYS
 
 # What a 4.9.x broker writes: fastjson pretty print, bare integer keys, odd closing-brace breaks.
 JAVA_CONSUMER_OFFSET_JSON = """{

@@ -169,3 +169,15 @@ def test_encode_and_replace_all(config_dir: Path) -> None:
     stat = path.stat()
     assert not slave.replace_all(table, version)
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (stat.st_ino, stat.st_mtime_ns)
+
+
+def test_the_group_table_in_pieces_is_the_whole_encoding(config_dir: Path) -> None:
+    """GET_ALL_SUBSCRIPTIONGROUP_CONFIG is answered from pieces: joined, one encoding's text."""
+    import asyncio
+
+    from rmqbroker.metadata.jsonfile import PIECE_KEYS
+
+    mgr = SubscriptionGroupManager(config_dir)
+    for i in range(PIECE_KEYS + 7):
+        mgr.update(SubscriptionGroupConfig(f"CG{i:04d}", retry_queue_nums=i % 3 + 1), persist=False)
+    assert asyncio.run(mgr.encode_async()) == mgr.encode()

@@ -460,3 +460,17 @@ def test_topic_config_is_immutable() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         tc.perm = 2  # type: ignore[misc]
     assert dataclasses.replace(tc, perm=2).perm == 2
+
+
+def test_the_topic_table_in_pieces_is_the_whole_encoding(config_dir: Path) -> None:
+    """GET_ALL_TOPIC_CONFIG is answered from pieces (the event loop runs between them): joined,
+    the same text as one encoding, unknown entry fields and the deleted-topics extra included."""
+    from rmqbroker.metadata.jsonfile import PIECE_KEYS
+
+    mgr = make_manager(config_dir)
+    for i in range(PIECE_KEYS * 2 + 3):
+        mgr.update_topic_config(TopicConfig(f"Topic{i:04d}", read_queue_nums=i % 5 + 1, write_queue_nums=4,
+                                            extra={"attributes": {"k": f"v{i}"}} if i % 3 else {}), persist=False)
+    extra = {DELETED_TOPICS_KEY: [{"topic": "Gone", "phyOffset": 5}]}
+    assert asyncio.run(mgr.encode_async(extra=extra)) == mgr.encode(extra=extra)
+    assert asyncio.run(mgr.encode_async()) == mgr.encode()
