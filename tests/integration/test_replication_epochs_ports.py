@@ -304,6 +304,8 @@ def test_a_slave_does_not_follow_the_master_of_another_broker_group(cluster: Clu
     # Its own group's slave follows it and makes SYNC sends succeed.
     own = cluster.broker(None, name="broker-g", broker_id=2, role="SLAVE", haMasterAddress=ha)
     poll(lambda: follows(own, master), 10, what="own slave following")
+    # Connected is not yet counted: the master counts a slave from its first offset report on.
+    poll(lambda: any(s["inSync"] for s in master.status()["ha"]["slaves"]), 10, what="own slave's first report")
     send_some(master, "GroupTopic", 3, "own")
     assert_same_log(master, own)
 
