@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rmqbroker.metadata.errors import MetadataFormatError
@@ -45,19 +45,23 @@ def as_object(value: Any, what: str) -> Mapping[str, Any]:
     raise MetadataFormatError(f"{what}: expected a JSON object, got {type(value).__name__}")
 
 
-def int_keyed(value: Any, what: str | Callable[[], str]) -> dict[int, int]:
-    """Read a ``{queueId|level: offset}`` map whose keys may be quoted or (pre-parse) bare integers.
-    ``what`` names it in errors; a callable is asked only when there is one."""
-    if isinstance(value, dict):
-        # The common case (integer values under integer keys) without a per-entry check: a slave
-        # decodes every consumer offset of its master each round, hundreds of thousands of them.
-        try:
-            fast = {int(k): v for k, v in value.items()}
-        except (TypeError, ValueError):
-            pass
-        else:
-            if all(type(v) is int for v in fast.values()):
-                return fast
-    name = what() if callable(what) else what
-    table = as_object(value, name)
-    return {as_int(k, f"{name} key"): as_int(v, f"{name}[{k}]") for k, v in table.items()}
+def plain_int_keyed(value: Any) -> dict[int, int] | None:
+    """A ``{queueId|level: offset}`` JSON object of integers under integer keys, converted without a
+    per-entry check (a slave decodes every consumer offset of its master each round, hundreds of
+    thousands of them); None for anything else, which int_keyed reads or refuses."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        plain = {int(k): v for k, v in value.items()}
+    except (TypeError, ValueError):
+        return None
+    return plain if all(type(v) is int for v in plain.values()) else None
+
+
+def int_keyed(value: Any, what: str) -> dict[int, int]:
+    """Read a ``{queueId|level: offset}`` map whose keys may be quoted or (pre-parse) bare integers."""
+    plain = plain_int_keyed(value)
+    if plain is not None:
+        return plain
+    table = as_object(value, what)
+    return {as_int(k, f"{what} key"): as_int(v, f"{what}[{k}]") for k, v in table.items()}

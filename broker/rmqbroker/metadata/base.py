@@ -134,7 +134,8 @@ class JsonConfigFile(ABC, Generic[P]):
     async def persist_if_dirty_async(self) -> bool:
         if not self.dirty:
             return False
-        return await asyncio.to_thread(self.persist_if_dirty)
+        await self.persist_async()
+        return True
 
     def _persist_after_change(self, persist: bool) -> None:
         """Persist after a mutation; a failed write is logged and left dirty for a later retry.

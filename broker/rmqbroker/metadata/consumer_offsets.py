@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import json
 import logging
 import re
@@ -17,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed
+from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed, plain_int_keyed
 from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import PIECE_KEYS, fastjson_loads, join_yielding, object_pieces
@@ -55,7 +54,8 @@ def _decode_obj(obj: Any) -> _Parsed:
     raw_table = data.get("offsetTable")
     if raw_table is not None:
         for key, raw in as_object(raw_table, "offsetTable").items():
-            table[key] = int_keyed(raw, functools.partial("offsetTable[{}]".format, key))
+            plain = plain_int_keyed(raw)
+            table[key] = plain if plain is not None else int_keyed(raw, f"offsetTable[{key}]")
     extra = {k: v for k, v in data.items() if k not in ("offsetTable", SLAVE_COMMITS_FIELD)}
     commits: SlaveCommits = {}
     raw_commits = data.get(SLAVE_COMMITS_FIELD)
@@ -181,7 +181,8 @@ class _Scanner:
                 if type(key) is not str or not text.startswith(":", at):
                     raise _NotPlainJson
                 raw, at = decode(text, space(text, at + 1).end())  # type: ignore[union-attr]
-                table[key] = int_keyed(raw, functools.partial("offsetTable[{}]".format, key))
+                plain = plain_int_keyed(raw)
+                table[key] = plain if plain is not None else int_keyed(raw, f"offsetTable[{key}]")
                 at = space(text, at).end()  # type: ignore[union-attr]
                 if text.startswith("}", at):
                     self.at = at + 1
@@ -252,9 +253,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         encoding held the loop for ~0.25 s. Each key's queues are as they were when its piece was
         read (as Java's ConcurrentHashMap is serialised), not one atomic snapshot."""
         with self._lock:
-            head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-            if self._ahead_of_master:
-                head[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
+            head = self._head_locked()
             keys = sorted(self._table)
 
         def read(names: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -276,18 +275,15 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
         text = await join_yielding(self._pieces(pretty=True))
         await asyncio.to_thread(self._write_unless_older, generation, text)
 
-    async def persist_if_dirty_async(self) -> bool:
-        if not self.dirty:
-            return False
-        await self.persist_async()
-        return True
+    def _head_locked(self) -> dict[str, Any]:
+        """The file's fields besides the offset table."""
+        head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
+        if self._ahead_of_master:
+            head[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
+        return head
 
     def _snapshot_locked(self) -> dict[str, Any]:
-        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-        obj["offsetTable"] = encode_offset_table(self._table)
-        if self._ahead_of_master:
-            obj[SLAVE_COMMITS_FIELD] = _encode_slave_commits(self._ahead_of_master)
-        return dict(sorted(obj.items()))
+        return dict(sorted({**self._head_locked(), "offsetTable": encode_offset_table(self._table)}.items()))
 
     # -- offsets --------------------------------------------------------------------------------
 
@@ -420,9 +416,7 @@ class ConsumerOffsetManager(JsonConfigFile[_Parsed]):
 
     def awaits_hand_over(self) -> bool:
         """Whether a commit made here is kept over the master's and not handed over yet."""
-        with self._lock:
-            return any(self._table.get(key, {}).get(queue_id, base) != base
-                       for (key, queue_id), (base, _) in self._ahead_of_master.items())
+        return bool(self.kept_over_master())
 
     def kept_over_master(self) -> list[tuple[str, str, int, int]]:
         """``(group, topic, queueId, offset)`` of every commit ``merge_all`` keeps over the master's."""

@@ -157,17 +157,20 @@ def loads_mq_keyed(body: bytes, table: str) -> tuple[dict[str, Any], dict[Messag
         raise MetadataFormatError(f"{table}: a key is not a MessageQueue") from exc
 
 
+# One encoder for every compact text: json.dumps builds a new one per call given these arguments.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def to_json_text(obj: Any, *, pretty: bool) -> str:
     """Serialise like fastjson: compact ``"k":v`` separators, tab-indented when pretty, UTF-8 kept raw."""
     if pretty:
         return json.dumps(obj, indent="\t", separators=(",", ":"), ensure_ascii=False)
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT(obj)
 
 
 # Table entries read and encoded per piece of object_pieces(): about a millisecond for entries of a
 # few fields (a consumer offset key of 8 queues, a topic config).
 PIECE_KEYS = 256
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def object_pieces(head: Mapping[str, Any], table_field: str, keys: Sequence[str],

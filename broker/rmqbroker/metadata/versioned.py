@@ -70,9 +70,14 @@ class VersionedTableFile(JsonConfigFile[Wrapper[E]], Generic[E]):
             self._data_version.assign(version)
         self._extra = extra
 
+    def _head_locked(self) -> dict[str, Any]:
+        """The file's fields besides the table."""
+        head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
+        head["dataVersion"] = self._data_version.to_json_obj()
+        return head
+
     def _snapshot_locked(self) -> dict[str, Any]:
-        obj: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-        obj["dataVersion"] = self._data_version.to_json_obj()
+        obj = self._head_locked()
         obj[self.TABLE_KEY] = {name: self._table[name].to_json_obj() for name in sorted(self._table)}
         return dict(sorted(obj.items()))
 
@@ -84,8 +89,7 @@ class VersionedTableFile(JsonConfigFile[Wrapper[E]], Generic[E]):
         change under the older version; the slave's next round sees the newer one and takes the
         table again."""
         with self._lock:
-            head: dict[str, Any] = copy.deepcopy(self._extra) if self._extra else {}
-            head["dataVersion"] = self._data_version.to_json_obj()
+            head = self._head_locked()
             names = sorted(self._table)
         head.update(extra or {})
 
