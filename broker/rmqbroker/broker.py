@@ -550,10 +550,10 @@ class Broker:
         if epoch is not None and not _is_int64(epoch):
             return json_error(400, "epoch must be an integer from 0 to 2^63-1")
         try:
-            await self.replication.repoint(ha_addr, broker_addr, epoch)
+            end = await self.replication.repoint(ha_addr, broker_addr, epoch)
         except RoleChangeError as exc:
             return json_error(409, str(exc))
-        return json_response({"haAddress": ha_addr, "brokerAddress": broker_addr})
+        return json_response({"haAddress": ha_addr, "brokerAddress": broker_addr, "maxPhyOffset": end})
 
     async def _http_fence(self, request: web.Request) -> web.Response:
         body = await read_json_object(request)

@@ -13,6 +13,8 @@ import functools
 import json
 import socket
 import struct
+import threading
+import time
 from typing import Any
 
 from rmqbroker.remoting.codes import ResponseCode
@@ -233,6 +235,36 @@ def test_fenced_slave_stops_acknowledging_its_master_until_re_pointed(cluster: C
     poll(lambda: any(x.get("inSync") for x in master.status()["ha"]["slaves"]), 10, what="slave in sync again")
     send_some(master, "FenceTopic", 5, "after-repoint")
     assert_same_log(master, s)
+
+
+def test_a_re_point_answers_once_the_old_master_can_write_nothing_more(cluster: Cluster) -> None:
+    """POST /ha/master answers after the previous master's connection is closed and its writes in
+    flight are complete: its ``maxPhyOffset`` is final for that master even while it goes on
+    appending (an operator re-pointing slaves after a failover reads where each one stopped)."""
+    master = cluster.broker(None, name="broker-q")
+    s = cluster.broker(None, name="broker-q", broker_id=1, role="SLAVE", haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    send_some(master, "RepointTopic", 5, "before")
+    assert_same_log(master, s)
+    stop = threading.Event()
+
+    def keep_sending() -> None:
+        while not stop.is_set():
+            assert send_raw(master.addr, "RepointTopic", b"x" * 4000).code == 0
+
+    sender = threading.Thread(target=keep_sending, daemon=True)
+    sender.start()
+    try:
+        poll(lambda: s.status()["maxPhyOffset"] > 100_000, 15, what="the stream flowing")
+        code, body = post(s, "/ha/master", {"haAddress": f"127.0.0.1:{free_port()}", "brokerAddress": master.addr})
+        assert code == 200, body
+        final = body["maxPhyOffset"]
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        sender.join(10)
+    assert master.status()["maxPhyOffset"] > final  # the master went on appending
+    assert s.status()["maxPhyOffset"] == final, "bytes of the old master reached the log after the answer"
+    assert commitlog_bytes(s.store_dir, final) == commitlog_bytes(master.store_dir, final)
 
 
 # ---------------------------------------------------------------- only masters stream

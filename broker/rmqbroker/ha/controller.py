@@ -158,8 +158,9 @@ class ReplicationController:
         log.info("cannot follow master %s; asking the nameserver which broker is master now", addr)
         self._request_register()
 
-    async def repoint(self, ha_addr: str, broker_addr: str | None, epoch: int | None) -> None:
-        """POST /ha/master: follow another master without a restart."""
+    async def repoint(self, ha_addr: str, broker_addr: str | None, epoch: int | None) -> int:
+        """POST /ha/master: follow another master without a restart. Returns the log's end once the
+        previous master's connection is closed: final for that master."""
         async with self._lock:
             if epoch is not None:
                 try:
@@ -169,13 +170,14 @@ class ReplicationController:
             if not self.ctx.is_slave:
                 raise RoleChangeError(f"this broker is {self.ctx.role}; demote it (POST /role) before re-pointing")
             self.pinned_master = True
-            if self.epochs.fence:
+            fenced = bool(self.epochs.fence)
+            if fenced:
                 # The failover that fenced this slave chose whom it follows now.
                 await asyncio.to_thread(self.epochs.unfence)
-                await self.ha_client.restart()
-            self.ha_client.set_master(ha_addr)
+            await self.ha_client.switch_master(ha_addr, reconnect=fenced)
             if broker_addr:
                 self.metadata_sync.set_master(broker_addr)
+            return self.store.max_phy_offset()
 
     async def fence(self, epoch: int) -> dict[str, Any]:
         """POST /ha/fence: stop acknowledging any master older than ``epoch``, at once.

@@ -534,6 +534,16 @@ class HAClient:
         self.master_addr = addr
         self._changed.set()
 
+    async def switch_master(self, addr: str, *, reconnect: bool = False) -> None:
+        """Follow ``addr`` from now on. Returns once the previous connection is closed and its
+        writes in flight are complete, so nothing the old master sends afterwards reaches the log
+        (an operator re-pointing a slave reads its final offset for that master from the answer).
+        ``reconnect`` drops the connection even when the address is the same."""
+        changed = addr != self.master_addr
+        self.set_master(addr)
+        if (changed or reconnect) and self._task is not None:
+            await self.restart()
+
     async def restart(self) -> None:
         """Drop the current connection (its writes in flight complete first) and connect afresh."""
         await self.stop()
