@@ -40,6 +40,12 @@ class ForeignMasterError(MetadataSyncError):
     """The address answered as a broker of another broker name or cluster; nothing was taken."""
 
 
+class RepointedError(MetadataSyncError):
+    """The slave was re-pointed while a round asked its previous master: what that master answered
+    afterwards is not taken (a hung master answering late would otherwise overwrite offsets and
+    tables after the re-point, and get this slave's outage commits handed to it)."""
+
+
 class SlaveMetadataSync:
     """Pulls metadata from the master broker address; re-pointable at runtime."""
 
@@ -106,7 +112,6 @@ class SlaveMetadataSync:
     async def _run(self) -> None:
         delay = self.initial_delay
         while True:
-            self._restart.clear()
             restart = asyncio.ensure_future(self._restart.wait())
             soon = asyncio.ensure_future(self._soon.wait())
             try:
@@ -115,12 +120,17 @@ class SlaveMetadataSync:
                 restart.cancel()
                 soon.cancel()
             if restart in done:
-                # Re-pointed: sync against the new master after the initial delay again.
+                # Re-pointed (perhaps during the last round): sync against the new master after
+                # the initial delay again.
+                self._restart.clear()
                 delay = self.initial_delay
                 continue
             self._soon.clear()
             try:
                 await self.sync_all()
+            except RepointedError as exc:
+                log.info("slave metadata sync round dropped: %s", exc)
+                continue
             except MetadataSyncError as exc:
                 self.failures += 1
                 self.last_error = str(exc)
@@ -141,13 +151,21 @@ class SlaveMetadataSync:
         hold back the others, so a topic table too slow to fetch cannot keep consumer offsets
         from reaching the slave. Only the topic table tells whose master the address is: until
         one was read from it, nothing else is taken, and a foreign one fails the whole round.
+        A round against the followed master ends with :class:`RepointedError` at the first answer
+        that comes after a re-point; one against a given ``master`` (a promotion's last) does not.
         """
+        followed = master is None
         master = master or self.master_addr
         if not master or master == self.own_addr:
             return
+
+        def check() -> None:
+            if followed and self.master_addr != master:
+                raise RepointedError(f"re-pointed from {master} to {self.master_addr} during the round")
+
         failures: list[tuple[str, Exception]] = []
         try:
-            await self._sync_topics(master)
+            await self._sync_topics(master, check)
         except _STEP_ERRORS as exc:
             failures.append(("topic config", exc))
         if master == self._verified_master:
@@ -155,7 +173,7 @@ class SlaveMetadataSync:
             for what, step in (("subscription groups", self._sync_groups), ("consumer offsets", self._sync_offsets),
                                ("delay offsets", self._sync_delay)):
                 try:
-                    await step(master)
+                    await step(master, check)
                 except _STEP_ERRORS as exc:
                     failures.append((what, exc))
         if failures:
@@ -164,11 +182,12 @@ class SlaveMetadataSync:
         self.last_error = None
         self.last_success_ms = int(time.time() * 1000)
 
-    async def _sync_topics(self, master: str) -> None:
+    async def _sync_topics(self, master: str, check: Callable[[], None]) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
         # Decoded in a worker thread, as every body of the round: thousands of topics or offsets
         # (a Java master's bare integer keys rewritten first) held the event loop ~0.2 s.
         table, version, deleted = await asyncio.to_thread(decode_topic_sync, body)
+        check()
         self._check_same_group(master, table)
         if deleted and self.on_master_deletions is not None:
             # First, so that a topic deleted and created again since the last round loses the
@@ -200,9 +219,10 @@ class SlaveMetadataSync:
                 f"{self.topics.cluster_name}: its topic table lacks {', '.join(missing)}; nothing synced")
         self._verified_master = master
 
-    async def _sync_offsets(self, master: str) -> None:
+    async def _sync_offsets(self, master: str, check: Callable[[], None]) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_CONSUMER_OFFSET)
         table = await asyncio.to_thread(decode_consumer_offsets, body)
+        check()
         # Only the keys the master does not report are looked at beyond the merge; the table can
         # hold hundreds of thousands of queue offsets, so it is neither copied nor merged at once.
         current = self.offsets.entries([key for key in self.offsets.table_keys() if key not in table])
@@ -228,9 +248,9 @@ class SlaveMetadataSync:
         self._received_from = master
         if changed:
             await self.offsets.persist_async()
-        await self._relay_offsets(master)
+        await self._relay_offsets(master, check)
 
-    async def _relay_offsets(self, master: str) -> None:
+    async def _relay_offsets(self, master: str, check: Callable[[], None]) -> None:
         """Hand the master the commits a group made here while it was away and that it still has
         nothing newer than. Stock clients commit to the master again only once their route shows it
         (every 30 s), and read their offsets from it when they restart or take over a queue: without
@@ -239,6 +259,7 @@ class SlaveMetadataSync:
         than the one handed to it, later commits here are handed on too."""
         refused: list[str] = []
         for group, topic, queue_id, offset in self.offsets.kept_over_master():
+            check()
             try:
                 await self.api.update_consumer_offset(master, group, topic, queue_id, offset)
             except OuterApiRefused as exc:
@@ -299,14 +320,17 @@ class SlaveMetadataSync:
         # here: its commits are handed to the master below, not dropped as removed there.
         return group not in self.groups and key not in committed_here
 
-    async def _sync_delay(self, master: str) -> None:
+    async def _sync_delay(self, master: str, check: Callable[[], None]) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_DELAY_OFFSET)
-        if await asyncio.to_thread(decode_delay_offsets, body) != self.delay.table():
+        decoded = await asyncio.to_thread(decode_delay_offsets, body)
+        check()
+        if decoded != self.delay.table():
             await asyncio.to_thread(self.delay.replace_from_json, body.decode("utf-8"))
 
-    async def _sync_groups(self, master: str) -> None:
+    async def _sync_groups(self, master: str, check: Callable[[], None]) -> None:
         body = await self.api.get_all(master, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
         table, version = await asyncio.to_thread(decode_subscription_group_wrapper, body)
+        check()
         if version is not None and self.groups.replace_all(table, version, persist=False):
             await self.groups.persist_async()
             log.info("subscription groups synced from %s (version %s)", master, version)

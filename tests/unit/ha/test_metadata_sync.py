@@ -161,3 +161,45 @@ async def test_bodies_are_decoded_off_the_event_loop(tmp_path: Path, master: Scr
     sync, _ = slave_sync(tmp_path, master)
     await sync.sync_all()
     assert len(decoded_on) == 4 and loop_thread not in decoded_on
+
+
+async def test_a_round_re_pointed_midway_takes_nothing_more_from_the_old_master(tmp_path: Path,
+                                                                                master: ScriptedMaster) -> None:
+    """A round still waiting for its master (hung) when the slave is re-pointed takes nothing from
+    what that master answers afterwards and asks it nothing more; it counts neither as a round nor
+    as a failure, and the new master is asked after the initial delay, not a whole interval later."""
+    master.topics.update_topic_config(TopicConfig("T_OLD_ONLY", 1, 1))
+    new = ScriptedMaster(tmp_path / "new")
+    new.topics.update_topic_config(TopicConfig("T1", 4, 4))
+    new.offsets.commit("CG", "T1", 0, 9)
+    new_addr = "127.0.0.1:30911"
+    asked: list[tuple[str, RequestCode]] = []
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    class TwoMasters:
+        async def get_all(self, addr: str, code: RequestCode) -> bytes:
+            asked.append((addr, code))
+            if addr == new_addr:
+                return await new.get_all(addr, code)
+            if code == RequestCode.GET_ALL_TOPIC_CONFIG:
+                waiting.set()
+                await release.wait()
+            return await master.get_all(addr, code)
+
+    t = tables(tmp_path / "slave")
+    topics, _, offsets, _ = t
+    sync = SlaveMetadataSync(TwoMasters(), "127.0.0.1:20911", *t, initial_delay=0.05,  # type: ignore[arg-type]
+                             interval=60)
+    sync.set_master(MASTER)
+    sync.start()
+    try:
+        await asyncio.wait_for(waiting.wait(), 5)
+        sync.set_master(new_addr)
+        release.set()
+        await until(lambda: sync.rounds >= 1)
+        assert offsets.query("CG", "T1", 0) == 9
+        assert "T_OLD_ONLY" not in topics and "T1" in topics
+        assert sync.failures == 0 and sync.last_error is None
+        assert [code for addr, code in asked if addr == MASTER] == [RequestCode.GET_ALL_TOPIC_CONFIG]
+    finally:
+        await sync.stop()
