@@ -22,7 +22,7 @@ from rmqbroker.ha.epoch import EpochStore
 from rmqbroker.metadata.consumer_offsets import ConsumerOffsetManager, split_offset_key
 from rmqbroker.metadata.delay_offsets import DelayOffsetTable
 from rmqbroker.metadata.subscription_groups import SubscriptionGroupManager
-from rmqbroker.metadata.topics import TopicConfig, TopicConfigManager, perm_readable, perm_writeable
+from rmqbroker.metadata.topics import PERM_WRITE, TopicConfig, TopicConfigManager, perm_readable, perm_writeable
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.acl_admin import AclAdminProcessor
 from rmqbroker.processors.admin import AdminProcessor
@@ -366,11 +366,12 @@ class Broker:
         # Read once: the body's form and the brokerId it is registered under must agree.
         broker_id = self.ctx.broker_id
         wrapper = self.topics.wrapper_obj(topics=() if lean and broker_id != 0 else None)
-        if not (perm_readable(s.brokerPermission) and perm_writeable(s.brokerPermission)):
+        perm = s.brokerPermission & ~PERM_WRITE if self.store.term_fenced else s.brokerPermission
+        if not (perm_readable(perm) and perm_writeable(perm)):
             # As Java's registerBrokerAll: while the broker is not read-write, every route it registers
             # carries the broker's permission instead of the topic's.
             for tc in wrapper["topicConfigTable"].values():
-                tc["perm"] = s.brokerPermission
+                tc["perm"] = perm
         results = await self.outer.register_broker_all(
             s.namesrv_addrs, cluster_name=s.brokerClusterName, broker_addr=s.broker_addr,
             broker_name=s.brokerName, broker_id=broker_id, ha_server_addr=s.ha_server_addr,

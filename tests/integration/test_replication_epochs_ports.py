@@ -267,6 +267,47 @@ def test_a_re_point_answers_once_the_old_master_can_write_nothing_more(cluster: 
     assert commitlog_bytes(s.store_dir, final) == commitlog_bytes(master.store_dir, final)
 
 
+def test_a_master_restarted_in_another_brokers_term_takes_no_writes(cluster: Cluster) -> None:
+    """A master demoted at epoch 1 (its slave was promoted there) and restarted from its unchanged
+    broker.conf (still brokerId 0 and a master, as a ConfigMap not yet updated says) would write
+    a second log of epoch 1, which its followers could not tell from the first. It refuses sends
+    until it is made a slave (it then follows the new master) or promoted at a new epoch."""
+    a = cluster.broker(None, name="broker-t")
+    b = cluster.broker(None, name="broker-t", broker_id=1, role="SLAVE", haMasterAddress=f"127.0.0.1:{a.port + 1}")
+    send_some(a, "TermTopic", 5, "a")
+    assert_same_log(a, b)
+    assert post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})[0] == 200
+    assert post(a, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 1})[0] == 200
+    b_ha = f"127.0.0.1:{b.port + 1}"
+    assert post(a, "/ha/master", {"haAddress": b_ha, "brokerAddress": b.addr, "epoch": 1})[0] == 200
+    send_some(b, "TermTopic", 5, "b")
+    end = assert_same_log(b, a)
+    assert a.status()["termFenced"] is False
+
+    a.stop()
+    a.start()  # its broker.conf says ASYNC_MASTER, brokerId 0
+    st = a.status()
+    assert (st["role"], st["epoch"], st["ownEpoch"], st["termFenced"]) == ("ASYNC_MASTER", 1, None, True), st
+    resp = send_raw(a.addr, "TermTopic", b"a second writer of epoch 1")
+    assert resp.code == ResponseCode.NO_PERMISSION and "another broker began" in resp.remark, resp
+    assert "which another broker began" in a.log_text()
+    assert a.status()["maxPhyOffset"] == end and b.status()["termFenced"] is False
+    # Epoch 1 is b's term: a mode change at it leaves a refusing writes. Made a slave, it follows b.
+    assert post(a, "/role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1})[0] == 200
+    assert a.status()["termFenced"] is True
+    assert post(a, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 1})[0] == 200
+    assert post(a, "/ha/master", {"haAddress": b_ha, "brokerAddress": b.addr, "epoch": 1})[0] == 200
+    assert a.status()["termFenced"] is False
+    send_some(b, "TermTopic", 3, "b2")
+    assert assert_same_log(b, a) > end
+    # Promoted at a new epoch (b gone), it writes again.
+    b.kill9()
+    code, body = post(a, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 2})
+    assert code == 200, body
+    assert a.status()["termFenced"] is False
+    assert send_raw(a.addr, "TermTopic", b"epoch 2").code == ResponseCode.SUCCESS
+
+
 # ---------------------------------------------------------------- only masters stream
 def test_a_slave_serves_no_follower_until_it_is_promoted(cluster: Cluster) -> None:
     """A slave's HA port answers the epoch query with its role and refuses to stream: a broker

@@ -111,6 +111,23 @@ class ReplicationController:
     async def start(self) -> None:
         await self.ha.start()
         self._apply_role()
+        self._check_term()
+
+    def _check_term(self) -> None:
+        """A master writes only in an epoch it began (or in epoch 0, which nobody began). One that
+        starts as master in another broker's term (demoted and restarted from a broker.conf that
+        still says master, e.g. a ConfigMap not yet updated) would write a second log of that
+        term, which no follower could tell from the first: its puts are refused until it is
+        promoted at a new epoch or made a slave."""
+        epochs = self.epochs
+        fenced = not self.ctx.is_slave and epochs.epoch > 0 and epochs.own_epoch != epochs.epoch
+        if fenced and not self.store.term_fenced:
+            log.error("this broker is %s in epoch %d, which another broker began (its own latest is %s): "
+                      "refusing writes until it is promoted at a new epoch (POST /role) or made a slave",
+                      self.ctx.role, epochs.epoch, epochs.own_epoch)
+        elif self.store.term_fenced and not fenced:
+            log.warning("writes taken again (%s, epoch %d)", self.ctx.role, epochs.epoch)
+        self.store.set_term_fenced(fenced)
 
     async def stop(self) -> None:
         await self.ha_client.stop()
@@ -236,6 +253,7 @@ class ReplicationController:
             else:
                 extra = await self._promote(role, epoch, sync_metadata, metadata_source, not_after_ms)
             self.ctx.broker_id = broker_id
+            self._check_term()
             self._on_role_change(role)
             log.warning("role %s -> %s (brokerId %d, epoch %d) in %.0f ms", old, role, broker_id, epoch,
                         (time.monotonic() - started) * 1000)
@@ -410,6 +428,8 @@ class ReplicationController:
             # The latest epoch this broker began as a promoted master (null: none): the broker
             # that owns the current epoch holds that term's log.
             "ownEpoch": self.epochs.own_epoch,
+            # A master refusing writes: the current epoch is another broker's term.
+            "termFenced": self.store.term_fenced,
             "ha": {
                 "masterAddress": self.ha_client.master_addr if self.ctx.is_slave else None,
                 "connected": self.ha_client.connected if self.ctx.is_slave else False,

@@ -812,6 +812,12 @@ class HAClient:
             None, functools.partial(epochs.adopt, master_epoch, master_history, seen=seen))
         try:
             await asyncio.shield(adopting)
+        except EpochChangedError:
+            raise
+        except EpochError as exc:
+            # E.g. a master at the epoch this broker began (a second writer of one term): refused
+            # like any stream that cannot continue this log.
+            raise StreamMismatchError(f"not following {addr}: {exc}") from exc
         except asyncio.CancelledError:
             # The thread goes on regardless; whoever cancelled us (stop() before a promotion)
             # waits for it, so its next step sees the epoch store as the adoption leaves it.

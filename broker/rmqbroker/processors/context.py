@@ -64,4 +64,4 @@ class BrokerContext:
 
     @property
     def writable(self) -> bool:
-        return bool(self.settings.brokerPermission & 0x2) and not self.is_slave
+        return bool(self.settings.brokerPermission & 0x2) and not self.is_slave and not self.store.term_fenced

@@ -347,6 +347,7 @@ class MessageStore:
         self._writable = False
         # Set by the retention service while the disk is over its warning ratio: puts are refused.
         self._disk_full = False
+        self._term_fenced = False
         # Commitlog start the consume queues were last cleaned against (see clean_consume_queues).
         self._cq_clean_min = 0
         # Runtime role (promotion/demotion changes it): a SLAVE refuses puts.
@@ -1520,9 +1521,19 @@ class MessageStore:
         self._disk_full = full
         self._update_writable()
 
+    @property
+    def term_fenced(self) -> bool:
+        return self._term_fenced
+
+    def set_term_fenced(self, fenced: bool) -> None:
+        """A master serving in an epoch another broker began: while set, puts get
+        SERVICE_NOT_AVAILABLE (one term has one writer, or two logs diverge within it)."""
+        self._term_fenced = fenced
+        self._update_writable()
+
     def _update_writable(self) -> None:
-        # Puts need a running store, a master role and room on the disk.
-        self._writable = self._running and self._role != SLAVE_ROLE and not self._disk_full
+        # Puts need a running store, a master role of its own term and room on the disk.
+        self._writable = self._running and self._role != SLAVE_ROLE and not self._disk_full and not self._term_fenced
 
     def dispatched_phy_offset(self) -> int:
         """End of the last whole record in consume queues; always a record boundary.
