@@ -56,6 +56,9 @@ class BrokerView:
     fenced: bool = False
     # The latest epoch it began as a promoted master; None: none, or an image that does not say.
     own_epoch: int | None = None
+    # A master refusing writes: it serves in an epoch another broker began (restarted from a
+    # configuration that still named it master).
+    term_fenced: bool = False
 
     @property
     def is_master(self) -> bool:
@@ -74,7 +77,8 @@ class BrokerView:
                           disk_used_ratio=float(retention.get("diskUsedRatio", -1.0)),
                           disk_full=retention.get("diskFull") is True,
                           fenced=bool(ha.get("fencedBelowEpoch")),
-                          own_epoch=_int_or_none(obj.get("ownEpoch")))
+                          own_epoch=_int_or_none(obj.get("ownEpoch")),
+                          term_fenced=obj.get("termFenced") is True)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ def replica_rows(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]
                 row["diskUsedPercent"] = round(p.broker.disk_used_ratio * 100, 1)
             if p.broker.disk_full:
                 row["diskFull"] = True
+            if p.broker.term_fenced:
+                row["termFenced"] = True
             if name != master_pod:
                 lag = lag_bytes(p, mv)
                 if lag is not None:
@@ -129,6 +131,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     ahead = [f"{r['pod']} ({r['aheadOfMasterBytes']} bytes)" for r in slaves if r.get("aheadOfMasterBytes")]
     full = [f"{r['pod']} ({r.get('diskUsedPercent', '?')}% used)" for r in rows if r.get("diskFull")]
     master_full = bool(master_row and master_row.get("diskFull"))
+    term_fenced = [r["pod"] for r in rows if r.get("termFenced")]
     out: list[Cond] = []
 
     # Ready: is the group serving as specified?
@@ -173,6 +176,8 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     if full:
         issues.append(f"disk full, sends refused: {', '.join(full)}; free space or grow the volume "
                       "(retention deletes the oldest files first)")
+    if term_fenced:
+        issues.append(f"master(s) in another broker's epoch, refusing writes: {', '.join(term_fenced)}")
     if state.pending_demotion:
         issues.append(f"former master(s) to demote when back: {', '.join(state.pending_demotion)}")
     if health.scale_note:
@@ -190,6 +195,7 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
                   "InvalidSpec" if health.invalid else
                   "MasterBehindSlave" if ahead else
                   "DiskFull" if full else
+                  "TermFenced" if term_fenced else
                   "Unschedulable" if unschedulable else
                   "ReplicasNotReady" if not_ready else "Lagging" if lagging else "DemotionPending")
         out.append(Cond("Degraded", True, reason, "; ".join(issues)))

@@ -446,3 +446,15 @@ def test_the_broker_that_began_the_masters_epoch_is_its_owner() -> None:
     assert term_owner(SPEC, state, pods(master(epoch=4), slave(1, epoch=4), slave(2, epoch=4))) is None
     assert term_owner(SPEC, GroupState(assignment={0: 0, 1: 1}, epoch=0), pods(master(epoch=0), slave(1, epoch=0))) \
         is None
+
+
+def test_a_master_in_another_brokers_epoch_is_shown_and_degrades_the_group() -> None:
+    stale = dataclasses.replace(slave(2, 2000), broker=BrokerView.from_status(
+        {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 3, "ownEpoch": 2, "maxPhyOffset": 2000, "termFenced": True}))
+    assert stale.broker is not None and stale.broker.term_fenced
+    assert not BrokerView.from_status({"role": "SLAVE"}).term_fenced
+    rows = replica_rows(SPEC, STATE, pods(master(2000), slave(1, 2000), stale))
+    assert rows[2]["termFenced"] is True and "termFenced" not in rows[0]
+    conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "TermFenced")
+    assert "refusing writes: g-2" in conds["Degraded"].message
