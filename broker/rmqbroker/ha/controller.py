@@ -187,11 +187,11 @@ class ReplicationController:
             if not self.ctx.is_slave:
                 raise RoleChangeError(f"this broker is {self.ctx.role}; demote it (POST /role) before re-pointing")
             self.pinned_master = True
-            fenced = bool(self.epochs.fence)
-            if fenced:
+            was_fenced = bool(self.epochs.fence)
+            if was_fenced:
                 # The failover that fenced this slave chose whom it follows now.
                 await asyncio.to_thread(self.epochs.unfence)
-            await self.ha_client.switch_master(ha_addr, reconnect=fenced)
+            await self.ha_client.switch_master(ha_addr, reconnect=was_fenced)
             if broker_addr:
                 self.metadata_sync.set_master(broker_addr)
             return self.store.max_phy_offset()

@@ -48,7 +48,7 @@ def as_object(value: Any, what: str) -> Mapping[str, Any]:
 def plain_int_keyed(value: Any) -> dict[int, int] | None:
     """A ``{queueId|level: offset}`` JSON object of integers under integer keys, converted without a
     per-entry check (a slave decodes every consumer offset of its master each round, hundreds of
-    thousands of them); None for anything else, which int_keyed reads or refuses."""
+    thousands of them); None for anything else, which checked_int_keyed reads or refuses."""
     if not isinstance(value, dict):
         return None
     try:
@@ -61,7 +61,10 @@ def plain_int_keyed(value: Any) -> dict[int, int] | None:
 def int_keyed(value: Any, what: str) -> dict[int, int]:
     """Read a ``{queueId|level: offset}`` map whose keys may be quoted or (pre-parse) bare integers."""
     plain = plain_int_keyed(value)
-    if plain is not None:
-        return plain
+    return plain if plain is not None else checked_int_keyed(value, what)
+
+
+def checked_int_keyed(value: Any, what: str) -> dict[int, int]:
+    """int_keyed entry by entry, naming ``what`` and the entry in an error."""
     table = as_object(value, what)
     return {as_int(k, f"{what} key"): as_int(v, f"{what}[{k}]") for k, v in table.items()}

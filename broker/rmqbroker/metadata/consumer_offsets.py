@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmqbroker.metadata._coerce import as_bool, as_int, as_object, int_keyed, plain_int_keyed
+from rmqbroker.metadata._coerce import as_bool, as_int, as_object, checked_int_keyed, plain_int_keyed
 from rmqbroker.metadata.base import JsonConfigFile
 from rmqbroker.metadata.errors import MetadataFormatError
 from rmqbroker.metadata.jsonfile import PIECE_KEYS, fastjson_loads, join_yielding, object_pieces
@@ -55,7 +55,7 @@ def _decode_obj(obj: Any) -> _Parsed:
     if raw_table is not None:
         for key, raw in as_object(raw_table, "offsetTable").items():
             plain = plain_int_keyed(raw)
-            table[key] = plain if plain is not None else int_keyed(raw, f"offsetTable[{key}]")
+            table[key] = plain if plain is not None else checked_int_keyed(raw, f"offsetTable[{key}]")
     extra = {k: v for k, v in data.items() if k not in ("offsetTable", SLAVE_COMMITS_FIELD)}
     commits: SlaveCommits = {}
     raw_commits = data.get(SLAVE_COMMITS_FIELD)
@@ -182,7 +182,7 @@ class _Scanner:
                     raise _NotPlainJson
                 raw, at = decode(text, space(text, at + 1).end())  # type: ignore[union-attr]
                 plain = plain_int_keyed(raw)
-                table[key] = plain if plain is not None else int_keyed(raw, f"offsetTable[{key}]")
+                table[key] = plain if plain is not None else checked_int_keyed(raw, f"offsetTable[{key}]")
                 at = space(text, at).end()  # type: ignore[union-attr]
                 if text.startswith("}", at):
                     self.at = at + 1
