@@ -34,15 +34,20 @@ class BrokerAdmin:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            # A call after close() would open a session nobody closes.
+            raise AdminError(0, "the operator is stopping")
         if self._session is None or self._session.closed:
             # No connection reuse across pods that may change IPs; brokers are few per group.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         return self._session
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -17,7 +17,6 @@ rmqoperator.handlers`` or ``rmq-operator``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -97,7 +96,14 @@ async def delete(body: kopf.Body, name: str, namespace: str | None, memo: Any, *
     rt.forget(namespace or "default", name)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, id="poller", cancellation_timeout=5.0)
+# How long a stopping operator lets the round under way finish before kopf cancels it: a round
+# cut short between a promotion and its status write leaves the next operator to adopt it. Under
+# the pod's default terminationGracePeriodSeconds (30 s), with kopf's 5 s cancellation after it.
+ROUND_FINISH_SECONDS = 20.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="poller", cancellation_backoff=ROUND_FINISH_SECONDS,
+             cancellation_timeout=5.0)
 async def poller(stopped: kopf.DaemonStopped, body: kopf.Body, name: str, namespace: str | None, memo: Any,
                  logger: kopf.Logger, **_: Any) -> None:
     rt = runtime(memo)
@@ -109,4 +115,4 @@ async def poller(stopped: kopf.DaemonStopped, body: kopf.Body, name: str, namesp
         except Exception:
             # Never let one bad round kill the poller: failover depends on it.
             logger.exception("poll round failed")
-        await asyncio.sleep(rt.poll_interval)
+        await stopped.wait(rt.poll_interval)

@@ -126,6 +126,7 @@ class KubeApi:
         self.ssl_context = ssl_context
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     @classmethod
     def from_connection_info(cls, info: Any) -> KubeApi:
@@ -141,11 +142,15 @@ class KubeApi:
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            # A call after close() would open a session nobody closes.
+            raise ApiError(0, "Closed", "the operator is stopping")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         return self._session
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -22,6 +22,7 @@ template, creates and removes pods on scale, and removes every pod of a deleted 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -434,6 +435,7 @@ class FakeBroker:
     fence_route: bool = True
     fence_fails: bool = False  # the fence answers 500 (a broker that cannot drop its master)
     lose_promotion_answer: bool = False  # a promotion is carried out but answered 500 (a lost answer)
+    promotion_seconds: float = 0.0  # how long a promotion takes before it is carried out and answered
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -470,6 +472,8 @@ class FakeBroker:
     async def _role(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls.append(("role", body))
+        if body["role"] != "SLAVE" and self.promotion_seconds:
+            await asyncio.sleep(self.promotion_seconds)
         if body["epoch"] < self.epoch:
             return web.json_response({"error": "stale epoch"}, status=409)
         if self.role == "SLAVE" and body["role"] != "SLAVE" and (body["epoch"] > self.epoch

@@ -4,6 +4,7 @@ and a broker's that takes longer than the re-point grace to answer (store recove
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,32 @@ def test_an_operator_restarted_while_the_master_is_down_still_fails_over(
     st = wait_for(lambda: status(h).get("master") not in (None, "broker-a-0") and status(h), 30,
                   "a promotion by the restarted operator")
     assert st["epoch"] == 1 and len(h.client.events("Promoted")) == 1
+
+
+def test_a_stopping_operator_finishes_the_round_under_way(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend], caplog: pytest.LogCaptureFixture) -> None:
+    """An operator stopped (its pod replaced: SIGTERM) while a failover's promotion is in flight
+    lets that round finish: when it has exited, the promotion is in the status and its event is
+    posted, and nothing was logged as failed. Before, kopf cancelled the round mid-call at once,
+    and the poller's next call met the clients the shutdown had closed."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 1}))
+    wait_in_sync(h, 3)
+    slaves = ("broker-a-1", "broker-a-2")
+    for pod in slaves:
+        fakes.brokers[pod].promotion_seconds = 3.0
+    runner.kill("broker-a-0")
+    wait_for(lambda: any(call == "role" and body["role"] != "SLAVE"
+                         for pod in slaves for call, body in list(fakes.brokers[pod].calls)),
+             20, "a promotion under way")
+    caplog.set_level(logging.WARNING)
+    h.stop_operator()
+    st = status(h)
+    assert st.get("master") in slaves and st.get("epoch") == 1, st
+    assert len(h.client.events("Promoted")) == 1
+    noise = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+             if r.levelno >= logging.ERROR or "cancelled" in r.getMessage()]
+    assert not noise, noise
 
 
 def test_a_promotion_whose_status_was_lost_is_adopted_after_a_restart(
