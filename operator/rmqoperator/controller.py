@@ -414,7 +414,11 @@ class GroupController:
             observe(self.memory, spec, self.state.master_pod(spec), views, now)
             if self.memory.seen_healthy:
                 self.memory.served_before = True
-            decision = decide_failover(spec, self.state, views, self.memory, now)
+            # How long the master has been lost is read now, with this round's answers in: a hung
+            # master's status call takes its whole timeout, and lost_since is when the first round
+            # that failed to reach it began. Read at this round's start, a hung master was promoted
+            # away from one round later than masterLostSeconds says.
+            decision = decide_failover(spec, self.state, views, self.memory, time.monotonic())
             await self._announce_failover(spec, decision)
             if not self.paused:
                 if decision.action == "promote" and await self._promote(spec, decision, views, now):

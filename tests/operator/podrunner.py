@@ -436,6 +436,7 @@ class FakeBroker:
     fence_fails: bool = False  # the fence answers 500 (a broker that cannot drop its master)
     lose_promotion_answer: bool = False  # a promotion is carried out but answered 500 (a lost answer)
     promotion_seconds: float = 0.0  # how long a promotion takes before it is carried out and answered
+    status_hangs: bool = False  # GET /status answers nothing while set (a hung process, a partition)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -464,6 +465,8 @@ class FakeBroker:
                        "fencedBelowEpoch": self.fence if self.fence > self.epoch else 0}}
 
     async def _status(self, request: web.Request) -> web.Response:
+        while self.status_hangs:  # noqa: ASYNC110 - set by the test's thread, not this loop's
+            await asyncio.sleep(0.1)
         return web.json_response(self.status())
 
     async def _ok(self, request: web.Request) -> web.Response:

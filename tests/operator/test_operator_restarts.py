@@ -5,6 +5,7 @@ and a broker's that takes longer than the re-point grace to answer (store recove
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -52,6 +53,25 @@ def test_an_operator_restarted_while_the_master_is_down_still_fails_over(
     st = wait_for(lambda: status(h).get("master") not in (None, "broker-a-0") and status(h), 30,
                   "a promotion by the restarted operator")
     assert st["epoch"] == 1 and len(h.client.events("Promoted")) == 1
+
+
+def test_a_hung_master_is_replaced_once_master_lost_seconds_have_passed(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """A master whose status call hangs (a partitioned node: the call takes its whole 2 s timeout)
+    is promoted away from when masterLostSeconds have passed since the first round that could not
+    reach it, not a status round later (4.4 s for 2 s here before)."""
+    h, (_, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, failover={"masterLostSeconds": 2}))
+    wait_in_sync(h, 3)
+    fakes.brokers["broker-a-0"].status_hangs = True
+    try:
+        wait_for(lambda: h.client.events("Promoted"), 30, "a promotion")
+    finally:
+        fakes.brokers["broker-a-0"].status_hangs = False
+    message = h.client.events("Promoted")[0]["message"]
+    took = float(re.search(r"unavailable for ([0-9.]+)s", message).group(1))  # type: ignore[union-attr]
+    # A round later: at least masterLostSeconds + the 2 s timeout + the 0.3 s poll interval.
+    assert 2.0 <= took < 4.0, message
 
 
 def test_a_stopping_operator_finishes_the_round_under_way(
