@@ -2,8 +2,8 @@
 broker processes as pods, a stream of sends, and a seeded random sequence of disruptions; checks
 that the group always converges to one log and, where it must, loses no acknowledged send.
 
-The group is the tests' ``group_of_three`` (SYNC or ASYNC, ``failover.masterLostSeconds`` of
-``--lost``); three sender threads send one message after another to whichever broker
+The group is the tests' group of three (SYNC or ASYNC, ``failover.masterLostSeconds`` of ``--lost``,
+``masterDiscovery`` of ``--discovery``); three sender threads send one message after another to whichever broker
 ``status.masterAddress`` names, and record the keys acknowledged. Each step is one of:
 
 - ``kill-master`` / ``kill-slave``: SIGKILL the pod's container, keep it down for a while, then let the
@@ -14,6 +14,8 @@ The group is the tests' ``group_of_three`` (SYNC or ASYNC, ``failover.masterLost
 - ``switchover``: the ``switchover-to`` annotation naming a random broker;
 - ``roll``: the ``restart-at`` annotation (hand-over of the master, every pod restarted);
 - ``operator-restart``: stop kopf, wait, start it again;
+- ``kill-namesrv``: SIGKILL the nameserver pod's container for a while (slaves in ``NameServer``
+  discovery learn their master from it);
 - ``pause``.
 After each step the run waits (up to ``--settle`` seconds) for the group to converge, or, one step in
 three, goes straight on, so disruptions overlap.
@@ -25,7 +27,8 @@ stock C++ PullConsumer cannot read afterwards (under SYNC always a finding; unde
 no failover happened, since an ASYNC failover may lose what no slave had); ``Traceback`` in any
 broker log; errors logged by the operator.
 
-Usage: ``python bench/operator_chaos.py [--seeds 1 2 3] [--steps 12] [--replication SYNC|ASYNC]``.
+Usage: ``python bench/operator_chaos.py [--seeds 1 2 3] [--steps 12] [--replication SYNC|ASYNC]
+[--discovery Direct|NameServer]``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.integration.helpers import pull_all  # noqa: E402
+from tests.operator.conftest import example  # noqa: E402
 from tests.operator.emulator import GROUP, OperatorHarness, condition  # noqa: E402
 from tests.operator.podrunner import PodRunner, ProcessBackend  # noqa: E402
 from tests.operator.test_e2e_failover import (  # noqa: E402
@@ -57,30 +61,36 @@ from tests.operator.test_e2e_failover import (  # noqa: E402
     TOPIC,
     MasterLookup,
     Sender,
-    group_of_three,
+    converged,
     group_status,
 )
 
 PODS = [f"{NAME}-{i}" for i in range(3)]
 STEPS = ("kill-master", "kill-slave", "hang-master", "hang-slave", "delete-pod", "switchover", "roll",
-         "operator-restart", "pause")
+         "operator-restart", "kill-namesrv", "pause")
+NAMESRV = f"{NAME}-namesrv-0"
 
 
 class ErrorLog(logging.Handler):
-    """Operator log records at ERROR or above (kopf's handler failures, the operator's own)."""
+    """Operator log records at ERROR or above (the operator's own, its handlers' failures in kopf,
+    and asyncio's reports of unclosed sessions)."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(f"{record.name}: {record.getMessage()[:300]}")
+        # kopf's own machinery (its API observers retrying while it stops) is not the operator's.
+        if record.name.startswith(("rmqoperator", "kopf.objects", "asyncio")):
+            self.records.append(f"{record.name}: {record.getMessage()[:300]}")
 
 
 class Run:
-    def __init__(self, workdir: Path, seed: int, replication: str, lost: int, settle: float) -> None:
+    def __init__(self, workdir: Path, seed: int, replication: str, lost: int, settle: float,
+                 discovery: str = "Direct") -> None:
         self.rng = random.Random(seed)
         self.replication = replication
+        self.discovery = discovery
         self.lost = lost
         self.settle = settle
         self.workdir = workdir
@@ -175,6 +185,12 @@ class Run:
             stamp = f"chaos-{time.time_ns()}"
             self.h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": stamp}}})
             return "roll"
+        if kind == "kill-namesrv":
+            down = rng.uniform(0.5, 8)
+            self.runner.kill(NAMESRV)
+            time.sleep(down)
+            self.runner.restart(NAMESRV)
+            return f"kill-namesrv down {down:.1f}s"
         if kind == "operator-restart":
             down = rng.uniform(0, 4)
             self.h.stop_operator()
@@ -226,7 +242,13 @@ class Run:
         try:
             self.h.start_operator()
             self.runner = PodRunner(self.h.client, self.workdir, self.backend).start()
-            group_of_three(self.h, self.lost, replication=self.replication)
+            self.h.client.apply_group(example(
+                replicas=3, replication=self.replication, masterDiscovery=self.discovery,
+                failover={"masterLostSeconds": self.lost},
+                brokerConfig={"mappedFileSizeCommitLog": str(16 << 20), "mappedFileSizeConsumeQueue": "60000",
+                              "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
+            if self.wait_converged(90) is None or converged(self.h, PODS[0]) is None:
+                raise RuntimeError(f"the group did not start: {json.dumps(self.status())[:1000]}")
             lookup = MasterLookup(self.h)
             senders = [Sender(lookup, prefix=f"c{n}-") for n in range(3)]
             for s in senders:
@@ -250,6 +272,7 @@ class Run:
             for pod in PODS:
                 self.signal(pod, signal.SIGCONT)
                 self.runner.restart(pod)
+            self.runner.restart(NAMESRV)
             st = self.wait_converged(180)
             if st is None:
                 findings.append(f"no convergence in 180 s: {json.dumps(self.status())[:1500]}")
@@ -269,14 +292,15 @@ class Run:
                 if d != digests[master]:
                     findings.append(f"{pod}'s commitlog differs from the master's ({master}) up to {end}")
             acked = {k for s in senders for k in s.acked}
-            namesrv = f"{self.runner.ip_of(f'{NAME}-namesrv-0')}:9876"
+            namesrv = f"{self.runner.ip_of(NAMESRV)}:9876"
             consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group=f"CG_CHAOS_{time.time_ns()}",
                                                     timeout=180)}
             missing = acked - consumed
             promoted = [e["message"] for e in self.h.client.events("Promoted")]
             if missing and (self.replication == "SYNC" or not promoted):
                 findings.append(f"{len(missing)} of {len(acked)} acknowledged sends missing: {sorted(missing)[:8]}")
-            return self.report(findings, senders, errors, end=end, missing=len(missing), promoted=promoted)
+            return self.report(findings, senders, errors, end=end, missing=len(missing), promoted=promoted,
+                               missingRuns=runs(missing)[:20])
         finally:
             logging.getLogger().removeHandler(errors)
             for pod in PODS:
@@ -300,12 +324,33 @@ class Run:
                 "events": reasons, "epoch": self.status().get("epoch"), **extra, "findings": findings}
 
 
+def runs(keys: set[str]) -> list[str]:
+    """``prefix first-last`` for each run of consecutive sends among ``keys`` (``c0-17`` ...)."""
+    by_prefix: dict[str, list[int]] = {}
+    for k in keys:
+        prefix, _, n = k.rpartition("-")
+        by_prefix.setdefault(prefix, []).append(int(n))
+    out = []
+    for prefix, ns in sorted(by_prefix.items()):
+        ns.sort()
+        start = prev = ns[0]
+        for n in [*ns[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            out.append(f"{prefix}-{start}..{prev}")
+            if n is not None:
+                start = prev = n
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--replication", choices=("SYNC", "ASYNC"), default="SYNC")
     ap.add_argument("--lost", type=int, default=3, help="failover.masterLostSeconds")
+    ap.add_argument("--discovery", choices=("Direct", "NameServer"), default="Direct", help="spec.masterDiscovery")
     ap.add_argument("--settle", type=float, default=45, help="seconds to wait for convergence after a step")
     ap.add_argument("--keep", action="store_true", help="keep each run's folder (pod logs, stores)")
     args = ap.parse_args()
@@ -313,9 +358,10 @@ def main() -> int:
     failed = 0
     for seed in args.seeds:
         workdir = Path(tempfile.mkdtemp(prefix=f"opchaos-{seed}-"))
-        print(f"== seed {seed} ({args.replication}, masterLostSeconds {args.lost}) in {workdir}", flush=True)
+        print(f"== seed {seed} ({args.replication}, {args.discovery}, masterLostSeconds {args.lost}) in {workdir}",
+              flush=True)
         t0 = time.monotonic()
-        result = Run(workdir, seed, args.replication, args.lost, args.settle).run(args.steps)
+        result = Run(workdir, seed, args.replication, args.lost, args.settle, args.discovery).run(args.steps)
         result["seconds"] = round(time.monotonic() - t0, 1)
         print(json.dumps({"seed": seed, **result}, indent=1), flush=True)
         if result["findings"]:

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = aiohttp.ClientTimeout(total=2.0, sock_connect=1.0)
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=15.0, sock_connect=2.0)
+# A second look at a master about to be replaced: one that is still hung must not delay the promotion.
+RECHECK_TIMEOUT = aiohttp.ClientTimeout(total=0.5, sock_connect=0.5)
 
 
 class AdminError(Exception):
@@ -70,8 +72,9 @@ class BrokerAdmin:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise AdminError(0, f"{type(exc).__name__}: {exc}") from exc
 
-    async def status(self, host: str, port: int, token: str) -> dict[str, Any]:
-        return await self._call("GET", f"http://{host}:{port}/status", token, None, STATUS_TIMEOUT)
+    async def status(self, host: str, port: int, token: str,
+                     timeout: aiohttp.ClientTimeout = STATUS_TIMEOUT) -> dict[str, Any]:
+        return await self._call("GET", f"http://{host}:{port}/status", token, None, timeout)
 
     async def repoint(self, host: str, port: int, token: str, ha_address: str, broker_address: str | None,
                       epoch: int | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from rmqbroker.ha import election
 from rmqoperator import builders, metrics
-from rmqoperator.brokerapi import AdminError, BrokerAdmin
+from rmqoperator.brokerapi import RECHECK_TIMEOUT, AdminError, BrokerAdmin
 from rmqoperator.failover import (
     Action,
     BrokerView,
@@ -42,6 +42,7 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    serves_again,
     switchover_check,
     term_owner,
 )
@@ -539,6 +540,14 @@ class GroupController:
             return False
         cand = views[candidate]
         assert cand.ip is not None
+        if await self._lost_master_serves(spec, views, old_master):
+            # Seen lost when this round began, back by now (the kubelet restarted its container):
+            # a promotion would cut what it has taken since, acknowledged sends under ASYNC. The
+            # slaves just fenced are re-pointed to it by the alignment.
+            self.memory.lost_since = None
+            await self._event("Normal", "MasterReturned",
+                              f"master {old_master} serves again: not promoting {candidate}")
+            return False
         try:
             result = await self.admin.set_role(cand.ip, spec.ports.admin, self.token, spec.master_role, 0,
                                                decision.epoch)
@@ -563,6 +572,18 @@ class GroupController:
         self.failover = FailoverDecision("none", "FailoverCompleted")
         await self._write_status(spec)
         return True
+
+    async def _lost_master_serves(self, spec: GroupSpec, views: Mapping[str, PodView], master: str) -> bool:
+        assert self.state is not None and self.token is not None
+        view = views.get(master)
+        if view is None or view.ip is None:
+            return False
+        try:
+            broker = BrokerView.from_status(await self.admin.status(view.ip, spec.ports.admin, self.token,
+                                                                    RECHECK_TIMEOUT))
+        except (AdminError, ValueError, TypeError):
+            return False
+        return serves_again(self.state, broker)
 
     async def _adopt_reported_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> None:
         """Follow a master of a newer epoch than the status records (a promotion whose status write

@@ -355,6 +355,13 @@ def after_fencing(views: Mapping[str, PodView], master_pod: str, fenced: Mapping
     return out
 
 
+def serves_again(state: GroupState, broker: BrokerView) -> bool:
+    """Whether the lost master, asked again just before its replacement is promoted, is a writable
+    master in the group's epoch: back (a container the kubelet restarted, a pause that ended) and
+    taking sends that a promotion would cut from the log."""
+    return broker.is_master and not broker.term_fenced and broker.epoch >= state.epoch
+
+
 def fence_targets(views: Mapping[str, PodView], master_pod: str) -> list[str]:
     """The reachable slaves a promotion fences first."""
     return sorted(n for n, v in views.items() if n != master_pod and not v.deleting and v.ip is not None

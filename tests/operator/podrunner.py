@@ -437,6 +437,7 @@ class FakeBroker:
     lose_promotion_answer: bool = False  # a promotion is carried out but answered 500 (a lost answer)
     promotion_seconds: float = 0.0  # how long a promotion takes before it is carried out and answered
     status_hangs: bool = False  # GET /status answers nothing while set (a hung process, a partition)
+    fence_seconds: float = 0.0  # how long POST /ha/fence takes before it is carried out and answered
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     runner: web.AppRunner | None = None
     # HA address -> the live fake serving it (a slave is connected when its master is up)
@@ -504,6 +505,8 @@ class FakeBroker:
     async def _fence(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls.append(("fence", body))
+        if self.fence_seconds:
+            await asyncio.sleep(self.fence_seconds)
         if self.fence_fails:
             return web.json_response({"error": "fence failed"}, status=500)
         if self.role != "SLAVE":

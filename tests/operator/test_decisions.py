@@ -20,6 +20,7 @@ from rmqoperator.failover import (
     observe,
     plan_alignment,
     reported_master,
+    serves_again,
     switchover_check,
     term_owner,
 )
@@ -458,3 +459,14 @@ def test_a_master_in_another_brokers_epoch_is_shown_and_degrades_the_group() -> 
     conds = {c.type: c for c in conditions(SPEC, STATE, rows, Health())}
     assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "TermFenced")
     assert "refusing writes: g-2" in conds["Degraded"].message
+
+
+def test_a_lost_master_serves_again_only_as_a_writable_master_in_the_groups_epoch() -> None:
+    def view(**status: object) -> BrokerView:
+        return BrokerView.from_status({"brokerId": 0, "maxPhyOffset": 100, **status})
+
+    assert serves_again(STATE, view(role="ASYNC_MASTER", epoch=3))
+    assert serves_again(STATE, view(role="SYNC_MASTER", epoch=4))
+    assert not serves_again(STATE, view(role="SYNC_MASTER", epoch=3, termFenced=True))  # refuses writes
+    assert not serves_again(STATE, view(role="SYNC_MASTER", epoch=2))  # a term the group has left
+    assert not serves_again(STATE, view(role="SLAVE", epoch=3))

@@ -74,6 +74,29 @@ def test_a_hung_master_is_replaced_once_master_lost_seconds_have_passed(
     assert 2.0 <= took < 4.0, message
 
 
+def test_a_master_back_before_the_promotion_stays_master(
+        harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend]) -> None:
+    """The master's container is restarted by the kubelet while a failover fences the slaves: the
+    operator asks the master again before promoting, finds it serving and keeps it (event
+    MasterReturned); the fenced slaves follow it again. Promoting then cut what the returned
+    master had taken since (bench/operator_chaos.py: 1,430 acknowledged ASYNC sends)."""
+    h, (runner, fakes) = harness, fake_pods
+    h.client.apply_group(example(replicas=3, replication="ASYNC", failover={"masterLostSeconds": 1}))
+    wait_in_sync(h, 3)
+    slaves = ("broker-a-1", "broker-a-2")
+    for pod in slaves:
+        fakes.brokers[pod].fence_seconds = 2.0
+    runner.kill("broker-a-0")
+    wait_for(lambda: any(call == "fence" for pod in slaves for call, _ in list(fakes.brokers[pod].calls)),
+             20, "a failover fencing the slaves")
+    runner.restart("broker-a-0")
+    wait_for(lambda: h.client.events("MasterReturned"), 20, "the failover dropped")
+    st = wait_for(lambda: (s := status(h)).get("inSyncReplicas") == 3 and s, 20, "the slaves following it again")
+    assert st["master"] == "broker-a-0" and st["epoch"] == 0
+    assert not h.client.events("Promoted")
+    assert all(fakes.brokers[pod].role == "SLAVE" and fakes.brokers[pod].fence == 0 for pod in slaves)
+
+
 def test_a_stopping_operator_finishes_the_round_under_way(
         harness: OperatorHarness, fake_pods: tuple[PodRunner, FakeBackend], caplog: pytest.LogCaptureFixture) -> None:
     """An operator stopped (its pod replaced: SIGTERM) while a failover's promotion is in flight
