@@ -59,6 +59,8 @@ MAX_DRAIN_MILLIS = 60_000
 # answered anyway (a nameserver that is down or slow; the registration loop retries): well under
 # the clients' 3 s send timeout.
 ROUTE_WAIT_S = 1.0
+# How soon a registration that did not reach every nameserver is tried again.
+REGISTER_RETRY_S = 3.0
 # ...and names at most this many of them (drainFor) as the ones it waits for.
 MAX_DRAIN_FOR = 16
 # Generated under storePathRootDir/config/ when neither adminToken nor adminTokenFile is set.
@@ -159,7 +161,7 @@ class Broker:
                      len(acl.accounts), len(acl.global_white), settings.acl_path)
         self.fast_server = self._fast_server(self.server, settings)
         self.topics.add_change_listener(self._topic_changed)
-        self.outer = BrokerOuterApi(RemotingClient(ssl_context=ClientContexts(self.tls)),
+        self.outer = BrokerOuterApi(RemotingClient(ssl_context=ClientContexts(self.tls), on_close=self._peer_closed),
                                     credentials=(settings.aclAccessKey, settings.aclSecretKey)
                                     if settings.aclAccessKey else None)
         self.schedule = ScheduleMessageService(self.store, self.delay_offsets,
@@ -183,6 +185,7 @@ class Broker:
         # The next registration carries the whole topic table (see _register_loop); cleared as it starts.
         self._full_register_due = True
         self._last_full_register = float("-inf")  # monotonic time the last full one started
+        self._last_register_try = float("-inf")  # monotonic time the last one of any kind started
         self.started_ms = 0
         labels = {"cluster": settings.brokerClusterName, "broker": settings.brokerName,
                   "broker_id": str(settings.brokerId)}
@@ -326,6 +329,19 @@ class Broker:
         self._full_register_due = True
         self._register_event.set()
 
+    def _peer_closed(self, addr: str) -> None:
+        """A nameserver that closed our connection has restarted, or will: it has forgotten this
+        broker (a nameserver drops a broker whose connection closes), and clients it answers get
+        no route to it until the next registration. That is tried soon (and every 3 s while it
+        fails) rather than a whole registerNameServerPeriod later, as Java's would be."""
+        if addr not in self.settings.namesrv_addrs:
+            return
+        self._full_register_due = True
+        # At most one registration every 3 s on this account: a peer that accepts and closes at
+        # once (a TLS mismatch) must not turn the loop into a busy one.
+        delay = max(0.0, REGISTER_RETRY_S - (time.monotonic() - self._last_register_try))
+        asyncio.get_running_loop().call_later(delay, self._register_event.set)
+
     def request_master_query(self) -> None:
         """Register soon to learn which broker is master now (a slave that cannot follow its own);
         a slave's topic table is not sent for that (see register_all's ``lean``)."""
@@ -398,7 +414,7 @@ class Broker:
             # Full: the periodic one, what request_register asked for, and a retry after a failure
             # (a nameserver that missed it gets everything). Lean: only a slave's question for its
             # master (request_master_query, or the last answer named none).
-            now = time.monotonic()
+            now = self._last_register_try = time.monotonic()
             full = self._full_register_due or now - self._last_full_register >= period
             self._full_register_due = False
             if full:
@@ -425,7 +441,7 @@ class Broker:
                 self._full_register_due = True
             try:
                 # A nameserver that was unreachable is retried soon, not a whole period later.
-                async with asyncio.timeout(period if complete and not ask_again else 3.0):
+                async with asyncio.timeout(period if complete and not ask_again else REGISTER_RETRY_S):
                     await self._register_event.wait()
                 # Coalesce bursts of topic changes (e.g. many auto-created topics) into one register.
                 await asyncio.sleep(0.05)

@@ -148,3 +148,20 @@ def test_port_in_use_is_one_line_naming_the_address(kind: str, tmp_path: Path) -
     assert proc.returncode == 1, proc
     assert "Traceback" not in proc.stderr, proc.stderr
     assert f"cannot start: [Errno 98] cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
+
+
+def test_a_restarted_nameserver_routes_the_brokers_again_within_seconds(cluster: Cluster) -> None:
+    """A nameserver that restarts (a pod rescheduled, a roll) knows no broker until each registers
+    again; a broker whose connection to it closed registers as soon as it answers, not a whole
+    registerNameServerPeriod (30 s) later: clients of that nameserver get routes back in seconds."""
+    ns = cluster.namesrv()
+    b = cluster.broker(ns.addr)
+    create_topic(b.addr, "AfterNamesrvRestart")
+    wait_route(ns.addr, "AfterNamesrvRestart")
+    ns.kill9()
+    time.sleep(1.5)  # down across the broker's first attempt
+    ns2 = cluster.namesrv(port=ns.port)
+    restarted = time.monotonic()
+    wait_route(ns2.addr, "AfterNamesrvRestart", timeout=20)
+    took = time.monotonic() - restarted
+    assert took < 8, f"routes back {took:.1f}s after the nameserver restarted"

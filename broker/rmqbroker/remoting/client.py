@@ -65,8 +65,11 @@ class _ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        by_peer = not self.closed  # close() marks ours first
         self.closed = True
         self.owner._forget(self)
+        if by_peer and self.owner.on_close is not None:
+            self.owner.on_close(self.addr)
         err = RemotingClosedError(f"connection to {self.addr} closed")
         for fut in self.pending.values():
             if not fut.done():
@@ -118,13 +121,16 @@ class RemotingClient:
 
     def __init__(self, connect_timeout: float = 3.0,
                  on_request: Callable[[str, RemotingCommand], None] | None = None,
-                 ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None) -> None:
+                 ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
+                 on_close: Callable[[str], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
         # TLS for every connection (RocketMQ's tls.enable), or a source asked for each new
         # connection (tls.ClientContexts: renewed certificates); see remoting/tls.py.
         self.ssl_context = ssl_context
         # Requests a server sends on our connections (e.g. CHECK_TRANSACTION_STATE), with its address.
         self.on_request = on_request
+        # Called with the address when a peer closes a connection (or it breaks), not when we do.
+        self.on_close = on_close
         self._conns: dict[str, _ClientConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._opaque = itertools.count(1)
