@@ -52,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.helpers import pull_all  # noqa: E402
+from tests.integration.helpers import pull_all, wait_route  # noqa: E402
 from tests.operator.conftest import example  # noqa: E402
 from tests.operator.emulator import GROUP, OperatorHarness, condition  # noqa: E402
 from tests.operator.podrunner import PodRunner, ProcessBackend  # noqa: E402
@@ -293,6 +293,11 @@ class Run:
                     findings.append(f"{pod}'s commitlog differs from the master's ({master}) up to {end}")
             acked = {k for s in senders for k in s.acked}
             namesrv = f"{self.runner.ip_of(NAMESRV)}:9876"
+            try:
+                wait_route(namesrv, TOPIC, timeout=60)
+            except TimeoutError:
+                findings.append("the nameserver has no route for the topic 60 s after convergence")
+                return self.report(findings, senders, errors)
             consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group=f"CG_CHAOS_{time.time_ns()}",
                                                     timeout=180)}
             missing = acked - consumed
