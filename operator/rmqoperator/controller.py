@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rmqbroker.ha import election
@@ -540,7 +540,7 @@ class GroupController:
             return False
         cand = views[candidate]
         assert cand.ip is not None
-        if await self._lost_master_serves(spec, views, old_master):
+        if await self._lost_master_serves(spec, views, old_master, fenced.values()):
             # Seen lost when this round began, back by now (the kubelet restarted its container):
             # a promotion would cut what it has taken since, acknowledged sends under ASYNC. The
             # slaves just fenced are re-pointed to it by the alignment.
@@ -573,7 +573,8 @@ class GroupController:
         await self._write_status(spec)
         return True
 
-    async def _lost_master_serves(self, spec: GroupSpec, views: Mapping[str, PodView], master: str) -> bool:
+    async def _lost_master_serves(self, spec: GroupSpec, views: Mapping[str, PodView], master: str,
+                                  slave_offsets: Iterable[int]) -> bool:
         assert self.state is not None and self.token is not None
         view = views.get(master)
         if view is None or view.ip is None:
@@ -583,7 +584,7 @@ class GroupController:
                                                                     RECHECK_TIMEOUT))
         except (AdminError, ValueError, TypeError):
             return False
-        return serves_again(self.state, broker)
+        return serves_again(self.state, broker, slave_offsets)
 
     async def _adopt_reported_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> None:
         """Follow a master of a newer epoch than the status records (a promotion whose status write

@@ -13,7 +13,7 @@ and only while every slave that followed the master can be seen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -355,11 +355,14 @@ def after_fencing(views: Mapping[str, PodView], master_pod: str, fenced: Mapping
     return out
 
 
-def serves_again(state: GroupState, broker: BrokerView) -> bool:
+def serves_again(state: GroupState, broker: BrokerView, slave_offsets: Iterable[int] = ()) -> bool:
     """Whether the lost master, asked again just before its replacement is promoted, is a writable
-    master in the group's epoch: back (a container the kubelet restarted, a pause that ended) and
-    taking sends that a promotion would cut from the log."""
-    return broker.is_master and not broker.term_fenced and broker.epoch >= state.epoch
+    master in the group's epoch, back (a container the kubelet restarted, a pause that ended) and
+    taking sends that a promotion would cut from the log, and holding at least what the fenced
+    slaves hold (``slave_offsets``): one back without its tail (a lost page cache) is replaced
+    by the slave that has it."""
+    return (broker.is_master and not broker.term_fenced and broker.epoch >= state.epoch
+            and broker.max_offset >= max(slave_offsets, default=0))
 
 
 def fence_targets(views: Mapping[str, PodView], master_pod: str) -> list[str]:

@@ -470,3 +470,5 @@ def test_a_lost_master_serves_again_only_as_a_writable_master_in_the_groups_epoc
     assert not serves_again(STATE, view(role="SYNC_MASTER", epoch=3, termFenced=True))  # refuses writes
     assert not serves_again(STATE, view(role="SYNC_MASTER", epoch=2))  # a term the group has left
     assert not serves_again(STATE, view(role="SLAVE", epoch=3))
+    assert serves_again(STATE, view(role="ASYNC_MASTER", epoch=3), [100, 90])
+    assert not serves_again(STATE, view(role="ASYNC_MASTER", epoch=3), [100, 120])  # back without its tail
