@@ -14,6 +14,7 @@ The group is the tests' group of three (SYNC or ASYNC, ``failover.masterLostSeco
 - ``switchover``: the ``switchover-to`` annotation naming a random broker;
 - ``roll``: the ``restart-at`` annotation (hand-over of the master, every pod restarted);
 - ``operator-restart``: stop kopf, wait, start it again;
+- ``scale``: ``spec.replicas`` 3 -> 4, until the fourth broker is in sync (or 60 s), then back to 3;
 - ``kill-namesrv``: SIGKILL the nameserver pod's container for a while (slaves in ``NameServer``
   discovery learn their master from it);
 - ``pause``.
@@ -67,7 +68,7 @@ from tests.operator.test_e2e_failover import (  # noqa: E402
 
 PODS = [f"{NAME}-{i}" for i in range(3)]
 STEPS = ("kill-master", "kill-slave", "hang-master", "hang-slave", "delete-pod", "switchover", "roll",
-         "operator-restart", "kill-namesrv", "pause")
+         "operator-restart", "kill-namesrv", "scale", "pause")
 NAMESRV = f"{NAME}-namesrv-0"
 
 
@@ -185,6 +186,16 @@ class Run:
             stamp = f"chaos-{time.time_ns()}"
             self.h.client.patch_group(NAME, {"metadata": {"annotations": {f"{GROUP}/restart-at": stamp}}})
             return "roll"
+        if kind == "scale":
+            t0 = time.monotonic()
+            self.h.client.patch_group(NAME, {"spec": {"replicas": 4}})
+            deadline = t0 + 60
+            while time.monotonic() < deadline and self.status().get("inSyncReplicas") != 4:
+                time.sleep(0.3)
+            up = time.monotonic() - t0
+            in_sync = self.status().get("inSyncReplicas")
+            self.h.client.patch_group(NAME, {"spec": {"replicas": 3}})
+            return f"scale 3 -> 4 ({in_sync} in sync after {up:.1f}s) -> 3"
         if kind == "kill-namesrv":
             down = rng.uniform(0.5, 8)
             self.runner.kill(NAMESRV)
