@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -100,7 +101,7 @@ class Run:
         self.backend = ProcessBackend(workdir)
         self.runner: PodRunner | None = None
         self.log: list[str] = []
-        self.stopped: set[str] = set()
+        self.token: str | None = None  # the admin token, from the Secret the operator created
 
     # -- helpers --
     def status(self) -> dict[str, Any]:
@@ -140,7 +141,7 @@ class Run:
             return None
         return int(c.handle.popen.pid)
 
-    def signal(self, pod: str, sig: int) -> None:
+    def send_signal(self, pod: str, sig: int) -> None:
         pid = self.pid(pod)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -168,11 +169,9 @@ class Run:
         if kind in ("hang-master", "hang-slave"):
             pod = self.pick(kind.split("-")[1])
             hang = rng.uniform(0.5, self.lost + 5)
-            self.signal(pod, signal.SIGSTOP)
-            self.stopped.add(pod)
+            self.send_signal(pod, signal.SIGSTOP)
             time.sleep(hang)
-            self.signal(pod, signal.SIGCONT)
-            self.stopped.discard(pod)
+            self.send_signal(pod, signal.SIGCONT)
             return f"{kind} {pod} {hang:.1f}s"
         if kind == "delete-pod":
             pod = rng.choice(PODS)
@@ -215,10 +214,11 @@ class Run:
     # -- checks --
     def admin_get(self, pod: str, path: str, timeout: float = 30) -> bytes:
         assert self.runner is not None
-        secret = self.h.client.get("v1", "secrets", f"{NAME}-admin-token") or {}
-        token = base64.b64decode(secret["data"]["token"]).decode().strip()
+        if self.token is None:
+            secret = self.h.client.get("v1", "secrets", f"{NAME}-admin-token") or {}
+            self.token = base64.b64decode(secret["data"]["token"]).decode().strip()
         req = urllib.request.Request(f"http://{self.runner.ip_of(pod)}:10916{path}",
-                                     headers={"Authorization": f"Bearer {token}"})
+                                     headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return bytes(r.read())
 
@@ -281,7 +281,7 @@ class Run:
             for s in senders:
                 s.join(10)
             for pod in PODS:
-                self.signal(pod, signal.SIGCONT)
+                self.send_signal(pod, signal.SIGCONT)
                 self.runner.restart(pod)
             self.runner.restart(NAMESRV)
             st = self.wait_converged(180)
@@ -320,7 +320,7 @@ class Run:
         finally:
             logging.getLogger().removeHandler(errors)
             for pod in PODS:
-                self.signal(pod, signal.SIGCONT)
+                self.send_signal(pod, signal.SIGCONT)
             for s in senders:
                 s.stop.set()
             if self.runner is not None:
@@ -383,7 +383,6 @@ def main() -> int:
         if result["findings"]:
             failed += 1
         elif not args.keep:
-            import shutil
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"{len(args.seeds) - failed} of {len(args.seeds)} seeds without findings")
     return 1 if failed else 0

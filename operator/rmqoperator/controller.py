@@ -543,7 +543,8 @@ class GroupController:
         if await self._lost_master_serves(spec, views, old_master, fenced.values()):
             # Seen lost when this round began, back by now (the kubelet restarted its container):
             # a promotion would cut what it has taken since, acknowledged sends under ASYNC. The
-            # slaves just fenced are re-pointed to it by the alignment.
+            # slaves just fenced are re-pointed to it by the alignment. Should it be lost again
+            # before the next round sees it, masterLostSeconds counts afresh.
             self.memory.lost_since = None
             await self._event("Normal", "MasterReturned",
                               f"master {old_master} serves again: not promoting {candidate}")
