@@ -70,6 +70,8 @@ from tests.operator.test_e2e_failover import (  # noqa: E402
 PODS = [f"{NAME}-{i}" for i in range(3)]
 STEPS = ("kill-master", "kill-slave", "hang-master", "hang-slave", "delete-pod", "switchover", "roll",
          "operator-restart", "kill-namesrv", "scale", "pause")
+# Not in the default mix (seeds recorded in RESULTS keep their sequences): take them with --kinds.
+EXTRA_STEPS = ("wipe-master", "wipe-slave")
 NAMESRV = f"{NAME}-namesrv-0"
 
 
@@ -89,8 +91,9 @@ class ErrorLog(logging.Handler):
 
 class Run:
     def __init__(self, workdir: Path, seed: int, replication: str, lost: int, settle: float,
-                 discovery: str = "Direct") -> None:
+                 discovery: str = "Direct", kinds: tuple[str, ...] = STEPS) -> None:
         self.rng = random.Random(seed)
+        self.kinds = kinds
         self.replication = replication
         self.discovery = discovery
         self.lost = lost
@@ -156,8 +159,19 @@ class Run:
     # -- steps --
     def step(self) -> str:
         assert self.runner is not None
-        kind = self.rng.choice(STEPS)
+        kind = self.rng.choice(self.kinds)
         rng = self.rng
+        if kind in ("wipe-master", "wipe-slave"):
+            # A lost volume: the node died with its local disk, and the pod comes back on an empty claim.
+            pod = self.pick(kind.split("-")[1])
+            down = rng.uniform(0.5, self.lost + 4)
+            self.runner.kill(pod)
+            for claim in (self.workdir / "pvc").glob(f"*-{pod}"):
+                shutil.rmtree(claim)
+                claim.mkdir()
+            time.sleep(down)
+            self.runner.restart(pod)
+            return f"{kind} {pod} down {down:.1f}s"
         if kind in ("kill-master", "kill-slave"):
             pod = self.pick(kind.split("-")[1])
             down = rng.uniform(0.5, self.lost + 4)
@@ -368,6 +382,8 @@ def main() -> int:
     ap.add_argument("--lost", type=int, default=3, help="failover.masterLostSeconds")
     ap.add_argument("--discovery", choices=("Direct", "NameServer"), default="Direct", help="spec.masterDiscovery")
     ap.add_argument("--settle", type=float, default=45, help="seconds to wait for convergence after a step")
+    ap.add_argument("--kinds", nargs="+", choices=STEPS + EXTRA_STEPS, default=list(STEPS),
+                    help="the steps to choose from (default: all but the wipe steps)")
     ap.add_argument("--keep", action="store_true", help="keep each run's folder (pod logs, stores)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -377,7 +393,8 @@ def main() -> int:
         print(f"== seed {seed} ({args.replication}, {args.discovery}, masterLostSeconds {args.lost}) in {workdir}",
               flush=True)
         t0 = time.monotonic()
-        result = Run(workdir, seed, args.replication, args.lost, args.settle, args.discovery).run(args.steps)
+        result = Run(workdir, seed, args.replication, args.lost, args.settle, args.discovery,
+                     tuple(args.kinds)).run(args.steps)
         result["seconds"] = round(time.monotonic() - t0, 1)
         print(json.dumps({"seed": seed, **result}, indent=1), flush=True)
         if result["findings"]:

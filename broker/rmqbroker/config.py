@@ -62,6 +62,9 @@ class BrokerSettings:
     # -1: listenPort - 2, as Java's "VIP channel" (fast remoting server) is; 0: none.
     fastListenPort: int = field(default=-1, metadata=_key("fastListenPort"))
     haMasterAddress: str = field(default="", metadata=_key("haMasterAddress"))
+    # Project key, written by the operator: the group's replication epoch as it last recorded it
+    # (-1: not known). A master whose epoch record ends below it lost its store and refuses writes.
+    haGroupEpoch: int = field(default=-1, metadata=_key("haGroupEpoch"))
     adminListenPort: int = field(default=0, metadata=_key("adminListenPort"))
     adminToken: str = field(default="", metadata=_key("adminToken"))
     adminTokenFile: str = field(default="", metadata=_key("adminTokenFile"))

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 MANAGED_KEYS: frozenset[str] = frozenset({
-    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress",
+    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "namesrvAddr", "haMasterAddress", "haGroupEpoch",
     "brokerIP1", "brokerIP2", "listenHost", "listenPort", "haListenPort", "fastListenPort", "adminListenPort",
     "adminToken", "adminTokenFile", "storePathRootDir", "storePathCommitLog",
 })

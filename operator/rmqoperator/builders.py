@@ -66,7 +66,7 @@ BROKER_IP_ENV = env_name("brokerIP1")
 RUN_AS_USER = 10001
 # Keys of a rendered broker.conf that depend on the role assignment (changed at runtime through
 # the admin API, so they never call for a restart).
-ROLE_KEYS = ("brokerId", "brokerRole", "haMasterAddress")
+ROLE_KEYS = ("brokerId", "brokerRole", "haMasterAddress", "haGroupEpoch")
 # The verification Job: its container, where Kubernetes reads the termination message from, the
 # label its pods carry (set in the pod template, so no dependency on the job controller's labels).
 VERIFY_CONTAINER = "verify"
@@ -185,8 +185,10 @@ def role_for(spec: GroupSpec, broker_id: int) -> str:
     return spec.master_role if broker_id == 0 else "SLAVE"
 
 
-def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ordinal: int) -> str:
-    """broker.conf of pod ``ordinal`` holding ``broker_id`` while ``master_ordinal`` is the master."""
+def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ordinal: int,
+                       epoch: int | None = None) -> str:
+    """broker.conf of pod ``ordinal`` holding ``broker_id`` while ``master_ordinal`` is the master
+    at ``epoch`` (``haGroupEpoch``: a master restarted on an empty volume then refuses writes)."""
     conf: dict[str, str] = {
         "brokerClusterName": spec.cluster_name,
         "brokerName": spec.broker_name,
@@ -202,6 +204,8 @@ def render_broker_conf(spec: GroupSpec, ordinal: int, broker_id: int, master_ord
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha_dns(spec, master_ordinal)
+    if epoch is not None:
+        conf["haGroupEpoch"] = str(epoch)
     if spec.acl_secret:
         conf["aclEnable"] = "true"
         conf["aclFile"] = f"{ACL_DIR}/{ACL_FILE_KEY}"
@@ -244,9 +248,9 @@ def master_ordinal_of(assignment: Assignment) -> int:
     return next((o for o, b in assignment.items() if b == 0), 0)
 
 
-def config_map(spec: GroupSpec, assignment: Assignment) -> Obj:
+def config_map(spec: GroupSpec, assignment: Assignment, epoch: int | None = None) -> Obj:
     master = master_ordinal_of(assignment)
-    data = {f"broker-{o}.conf": render_broker_conf(spec, o, b, master) for o, b in sorted(assignment.items())}
+    data = {f"broker-{o}.conf": render_broker_conf(spec, o, b, master, epoch) for o, b in sorted(assignment.items())}
     if spec.tls_secret:
         data[TLS_PROPERTIES] = render_tls_properties(spec)
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -604,13 +608,13 @@ def verification_job(spec: GroupSpec, verification: VerificationSpec, name: str,
 
 
 # ---------------------------------------------------------------- the whole group
-def children(spec: GroupSpec, assignment: Assignment, sts_replicas: int) -> list[Obj]:
+def children(spec: GroupSpec, assignment: Assignment, sts_replicas: int, epoch: int | None = None) -> list[Obj]:
     """Every child except the token Secret, in apply order (what a pod mounts comes first)."""
     out: list[Obj] = []
     if spec.name_server.managed:
         out += [namesrv_headless_service(spec), namesrv_client_service(spec), namesrv_statefulset(spec),
                 pod_disruption_budget(spec, "namesrv")]
-    out += [config_map(spec, assignment), broker_headless_service(spec), broker_statefulset(spec, sts_replicas),
+    out += [config_map(spec, assignment, epoch), broker_headless_service(spec), broker_statefulset(spec, sts_replicas),
             pod_disruption_budget(spec, "broker")]
     return out
 

@@ -39,6 +39,7 @@ from rmqoperator.failover import (
     follows,
     handover_candidate,
     listen_port,
+    lost_data,
     observe,
     plan_alignment,
     reported_master,
@@ -245,7 +246,7 @@ class GroupController:
         prev = self.spec
         dropped = {"labels": set(prev.pod_labels) - set(spec.pod_labels),
                    "annotations": set(prev.pod_annotations) - set(spec.pod_annotations)} if prev else None
-        for obj in builders.children(spec, self.state.assignment, sts_replicas):
+        for obj in builders.children(spec, self.state.assignment, sts_replicas, self.state.epoch):
             result = await self.api.apply(obj, dropped)
             if result != "unchanged":
                 changed.append(f"{obj['kind']}/{obj['metadata']['name']} {result}")
@@ -396,7 +397,8 @@ class GroupController:
         assert self.state is not None
         views = await self._observe(spec)
         now = time.monotonic()
-        observe(self.memory, spec, self.state.master_pod(spec), views, now)
+        observe(self.memory, spec, self.state.master_pod(spec), views, now,
+                lost=lost_data(spec, self.state, views) is not None)
         return views, now
 
     async def tick(self, body: Mapping[str, Any]) -> None:
@@ -412,7 +414,8 @@ class GroupController:
                 await self._adopt_reported_master(spec, views)
                 if await self._restore_term_owner(spec, views) or await self._resume_demoted_master(spec, views):
                     views = await self._observe(spec)
-            observe(self.memory, spec, self.state.master_pod(spec), views, now)
+            observe(self.memory, spec, self.state.master_pod(spec), views, now,
+                    lost=lost_data(spec, self.state, views) is not None)
             if self.memory.seen_healthy:
                 self.memory.served_before = True
             # How long the master has been lost is read now, with this round's answers in: a hung
@@ -540,7 +543,8 @@ class GroupController:
             return False
         cand = views[candidate]
         assert cand.ip is not None
-        if await self._lost_master_serves(spec, views, old_master, fenced.values()):
+        if not decision.master_lost_data and await self._lost_master_serves(spec, views, old_master,
+                                                                             fenced.values()):
             # Seen lost when this round began, back by now (the kubelet restarted its container):
             # a promotion would cut what it has taken since, acknowledged sends under ASYNC. The
             # slaves just fenced are re-pointed to it by the alignment. Should it be lost again
@@ -657,6 +661,7 @@ class GroupController:
         await self._event("Warning", "MasterResumed",
                           f"{pod}, the master, was a slave following no master (a hand-over cut short?): it is "
                           f"master again at epoch {epoch}")
+        await self._apply_config_map(spec, f"resuming {pod}")
         await self._write_status(spec)
         return True
 
@@ -665,7 +670,7 @@ class GroupController:
         next ensure or change writes it again."""
         assert self.state is not None
         try:
-            await self.api.apply(builders.config_map(spec, self.state.assignment))
+            await self.api.apply(builders.config_map(spec, self.state.assignment, self.state.epoch))
         except ApiError as exc:
             log.error("%s/%s: ConfigMap not updated after %s: %s", self.namespace, self.name, after, exc)
 

@@ -143,6 +143,8 @@ class FailoverDecision:
     message: str = ""
     candidate: str | None = None
     epoch: int = 0
+    # The master answers but lost its store (lost_data): it is not asked again before the promotion.
+    master_lost_data: bool = False
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -155,6 +157,36 @@ def _str_or_none(value: Any) -> str | None:
 
 def master_healthy(view: PodView | None) -> bool:
     return view is not None and not view.deleting and view.broker is not None and view.broker.is_master
+
+
+def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> str | None:
+    """Why the recorded master, reachable and serving as a master, no longer holds the group's
+    log, or None: it came back on a volume that lost its store (a wiped or replaced claim, an
+    older disk). It reports an epoch older than the group's (its epoch record went with the
+    store), or a slave pointed at it holds bytes of its own term beyond its end and refuses to
+    follow. Such a master is replaced like a lost one, at once: waiting cannot bring the bytes
+    back, and every send it takes meanwhile is on a log the group will not keep."""
+    master_pod = state.master_pod(spec)
+    mv = pods.get(master_pod) if master_pod else None
+    if mv is None or not master_healthy(mv):
+        return None
+    b = mv.broker
+    assert b is not None
+    if b.epoch < state.epoch:
+        return f"master {mv.name} is at epoch {b.epoch}, older than the group's {state.epoch}: it lost its store"
+    targets = follow_addresses(spec, mv)
+    ahead = [f"{name} ({p.broker.ahead_of_master} bytes)" for name, p in sorted(pods.items())
+             if name != mv.name and p.broker is not None and p.broker.role == "SLAVE"
+             and p.broker.ahead_of_master > 0 and p.broker.ha_master in targets]
+    if ahead:
+        return f"master {mv.name} lacks bytes of its own epoch that its slave(s) hold: {', '.join(ahead)}"
+    return None
+
+
+def master_serving(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> bool:
+    """The recorded master is reachable, a master, and holds the group's log."""
+    master_pod = state.master_pod(spec)
+    return master_healthy(pods.get(master_pod) if master_pod else None) and lost_data(spec, state, pods) is None
 
 
 def listen_port(spec: GroupSpec, view: PodView) -> int:
@@ -197,8 +229,9 @@ def in_sync(spec: GroupSpec, slave: PodView, master: PodView | None) -> bool:
 
 
 def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods: Mapping[str, PodView],
-            now: float) -> None:
-    """Update ``memory`` with one round of observations."""
+            now: float, lost: bool = False) -> None:
+    """Update ``memory`` with one round of observations; ``lost``: the master lost its data
+    (:func:`lost_data`), so it counts as lost although it answers."""
     mv = pods.get(master_pod) if master_pod else None
     if memory.master != master_pod:
         memory.master = master_pod
@@ -213,7 +246,7 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
         if p.broker is not None and p.broker.is_master:
             # Whom it followed as a slave says nothing about following a master after its own term.
             memory.following.pop(name, None)
-    if mv is not None and master_healthy(mv):
+    if mv is not None and master_healthy(mv) and not lost:
         memory.lost_since = None
         memory.seen_healthy = True
         memory.master_offset = mv.broker.max_offset  # type: ignore[union-attr]
@@ -317,7 +350,7 @@ def handover_candidate(spec: GroupSpec, state: GroupState, pods: Mapping[str, Po
     """
     master_pod = state.master_pod(spec)
     mv = pods.get(master_pod) if master_pod else None
-    if not spec.failover.enabled or mv is None or not master_healthy(mv):
+    if not spec.failover.enabled or mv is None or not master_serving(spec, state, pods):
         return None
     ready = [p for name, p in pods.items() if _fit_for_hand_over(spec, state, name, p, mv)]
     if not ready:
@@ -335,7 +368,7 @@ def switchover_check(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodV
     if target not in {pod_name(spec, o) for o in state.assignment}:
         return "refuse", f"{target} is not a broker of this group"
     mv = pods.get(master_pod) if master_pod else None
-    if mv is None or not master_healthy(mv):
+    if mv is None or not master_serving(spec, state, pods):
         return "wait", f"the master {master_pod} is not serving"
     p = pods.get(target)
     if p is None or not _fit_for_hand_over(spec, state, target, p, mv):
@@ -377,25 +410,28 @@ def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVi
     if master_pod is None:
         return FailoverDecision("none", "NoMaster")
     mv = pods.get(master_pod)
-    if master_healthy(mv):
+    gone = lost_data(spec, state, pods)
+    if master_healthy(mv) and gone is None:
         return FailoverDecision("none", "MasterHealthy")
     if not memory.seen_healthy and not memory.served_before and not has_served(pods):
         # A new group whose master pod is still being scheduled or pulling its image.
         return FailoverDecision("wait", "MasterStarting", f"waiting for master {master_pod} to start")
     lost_for = now - (memory.lost_since if memory.lost_since is not None else now)
     if not spec.failover.enabled:
-        return FailoverDecision("blocked", "FailoverDisabled",
+        return FailoverDecision("blocked", "FailoverDisabled", f"{gone}; failover is disabled" if gone else
                                 f"master {master_pod} unavailable for {lost_for:.0f}s; failover is disabled")
-    if lost_for < spec.failover.master_lost_seconds:
+    if gone is None and lost_for < spec.failover.master_lost_seconds:
         return FailoverDecision("wait", "MasterLost",
                                 f"master {master_pod} unavailable for {lost_for:.0f}s "
                                 f"(failover after {spec.failover.master_lost_seconds}s)")
     candidate, why = choose_candidate(spec, state, master_pod, pods, memory)
     if candidate is None:
-        return FailoverDecision("blocked", "NoSafeCandidate", f"master {master_pod} lost; not promoting: {why}")
+        lost = gone or f"master {master_pod} lost"
+        return FailoverDecision("blocked", "NoSafeCandidate", f"{lost}; not promoting: {why}")
     epoch = election.next_epoch(state.epoch, [p.broker.epoch for p in pods.values() if p.broker is not None])
-    return FailoverDecision("promote", "Promoting", f"promoting {candidate} ({why}) at epoch {epoch}",
-                            candidate=candidate, epoch=epoch)
+    return FailoverDecision("promote", "Promoting", f"promoting {candidate} ({why}) at epoch {epoch}"
+                            + (f": {gone}" if gone else ""), candidate=candidate, epoch=epoch,
+                            master_lost_data=gone is not None)
 
 
 def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView], memory: MasterMemory,
@@ -404,7 +440,7 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
     master_pod = state.master_pod(spec)
     mv = pods.get(master_pod) if master_pod else None
     actions: list[Action] = []
-    if mv is None or not master_healthy(mv):
+    if mv is None or not master_serving(spec, state, pods):
         return actions
     assert mv.broker is not None and mv.ip is not None
     if mv.broker.role != spec.master_role:

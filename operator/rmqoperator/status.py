@@ -169,10 +169,9 @@ def conditions(spec: GroupSpec, state: GroupState, rows: Sequence[Mapping[str, A
     if lagging and master_ok:
         issues.append(f"lagging: {', '.join(lagging)}")
     if ahead:
-        # Not failed over automatically: the master is serving, and whether its lost tail held
-        # acknowledged sends is for the user to judge (promote that slave, or restore the disk).
+        # The failover replaces such a master (failover.lost_data); with failover disabled it stays.
         issues.append(f"master {master_pod} lost data its slave(s) still hold: {', '.join(ahead)}; "
-                      "they refuse to follow it until one is promoted or the master's data is restored")
+                      "they refuse to follow it: the most advanced one is promoted (unless failover is disabled)")
     if full:
         issues.append(f"disk full, sends refused: {', '.join(full)}; free space or grow the volume "
                       "(retention deletes the oldest files first)")

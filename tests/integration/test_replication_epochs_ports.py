@@ -395,3 +395,28 @@ def _read_exact(sock: socket.socket, n: int, *, allow_eof: bool = False) -> byte
             return buf
         buf += chunk
     return buf
+
+
+def test_a_master_back_on_an_empty_volume_takes_no_writes(cluster: Cluster) -> None:
+    """The operator writes the group's epoch into every broker.conf (``haGroupEpoch``). A master
+    whose volume was replaced while it was down comes back at epoch 0 with an empty log; a slave
+    that lost its volume too would follow it and acknowledge its sends, which are cut once the
+    slave holding the group's log is promoted. It refuses sends until it is promoted at a new
+    epoch or made a slave."""
+    wiped = cluster.broker(None, name="broker-w", haGroupEpoch="2")
+    st = wiped.status()
+    assert (st["role"], st["epoch"], st["maxPhyOffset"], st["termFenced"]) == ("ASYNC_MASTER", 0, 0, True), st
+    resp = send_raw(wiped.addr, "WipedTopic", b"a write on a log the group will not keep")
+    assert resp.code == ResponseCode.NO_PERMISSION and "older than its group's" in (resp.remark or ""), resp
+    assert "older than its group's epoch 2" in wiped.log_text()
+    assert wiped.status()["maxPhyOffset"] == 0
+    # A mode change at an epoch below the group's leaves it refusing; a promotion above it ends that.
+    assert post(wiped, "/role", {"role": "SYNC_MASTER", "brokerId": 0, "epoch": 1})[0] == 200
+    assert wiped.status()["termFenced"] is True
+    assert post(wiped, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 3})[0] == 200
+    assert wiped.status()["termFenced"] is False
+    assert send_raw(wiped.addr, "WipedTopic", b"taken at epoch 3").code == ResponseCode.SUCCESS
+    # A group at epoch 0 (no failover yet) fences nobody: a new group's master writes at once.
+    fresh = cluster.broker(None, name="broker-f", haGroupEpoch="0")
+    assert fresh.status()["termFenced"] is False
+    assert send_raw(fresh.addr, "FreshTopic", b"first").code == ResponseCode.SUCCESS

@@ -32,6 +32,18 @@ def by_kind(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
 
 
+def test_every_broker_conf_carries_the_groups_epoch_without_a_restart() -> None:
+    spec = spec_of(replicas=3)
+    before = builders.config_hash(spec)
+    cm = builders.config_map(spec, {0: 1, 1: 0, 2: 2}, epoch=4)
+    for i in range(3):
+        text = cm["data"][f"broker-{i}.conf"]
+        assert parse_properties(text)["haGroupEpoch"] == "4"
+        assert build_settings(text, env={}).haGroupEpoch == 4
+    assert builders.config_hash(spec) == before  # a failover's new epoch rolls no pod
+    assert "operator-managed keys: haGroupEpoch" in "; ".join(problems(spec_of(brokerConfig={"haGroupEpoch": "9"})))
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("replication", ["SYNC", "ASYNC"])
 @pytest.mark.parametrize("discovery", ["Direct", "NameServer"])

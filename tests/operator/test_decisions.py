@@ -17,6 +17,7 @@ from rmqoperator.failover import (
     demoted_master,
     fence_targets,
     handover_candidate,
+    lost_data,
     observe,
     plan_alignment,
     reported_master,
@@ -330,6 +331,44 @@ def test_a_slave_holding_what_the_master_lost_degrades_the_group() -> None:
     assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "MasterBehindSlave")
     assert "g-1 (3000 bytes)" in conds["Degraded"].message
     assert BrokerView.from_status({"role": "SLAVE", "ha": {"aheadOfMasterBytes": 7}}).ahead_of_master == 7
+
+
+def test_a_master_back_without_its_store_is_replaced_at_once() -> None:
+    before = pods(master(5000), slave(1, 5000), slave(2, 4000))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", before, 100.0)
+    assert lost_data(SPEC, STATE, before) is None
+    # Its volume was replaced while it was down: back as master within masterLostSeconds, at
+    # epoch 0 with an empty log, and the slaves (not yet aware) still point at it.
+    wiped = pods(master(0, epoch=0), slave(1, 5000), slave(2, 4000))
+    why = lost_data(SPEC, STATE, wiped)
+    assert why is not None and "epoch 0, older than the group's 3" in why
+    observe(mem, SPEC, "g-0", wiped, 101.0, lost=True)
+    assert mem.lost_since == 101.0 and mem.in_sync == frozenset({"g-1", "g-2"})  # what it was seen with
+    d = decide_failover(SPEC, STATE, wiped, mem, 101.0)  # not masterLostSeconds (5) later: now
+    assert (d.action, d.candidate, d.epoch, d.master_lost_data) == ("promote", "g-1", 4, True)
+    assert "lost its store" in d.message
+    # No slave is re-pointed to it meanwhile, and no hand-over or switchover goes to it.
+    assert plan_alignment(SPEC, STATE, wiped, mem, 101.0) == []
+    assert handover_candidate(SPEC, STATE, wiped) is None
+    assert switchover_check(SPEC, STATE, wiped, "g-1")[0] == "wait"
+    # In the group's epoch but short of what a slave pointed at it holds (an older disk, a group
+    # that never failed over): the same, once a slave reports the bytes it refuses to drop.
+    short = pods(master(1000), with_broker(slave(1, 5000), ha_connected=False, ahead_of_master=4000),
+                 slave(2, 1000))
+    why = lost_data(SPEC, STATE, short)
+    assert why is not None and "g-1 (4000 bytes)" in why
+    assert decide_failover(SPEC, STATE, short, mem, 101.0).candidate == "g-1"
+    # A slave's report about another master (it has not handshaken with this one yet) says nothing.
+    elsewhere = pods(master(1000), with_broker(slave(1, 5000), ha_master="10.9.9.9:10912", ahead_of_master=4000),
+                     slave(2, 1000))
+    assert lost_data(SPEC, STATE, elsewhere) is None
+    # With failover disabled it is reported, not replaced.
+    off = dataclasses.replace(SPEC, failover=FailoverSpec(enabled=False))
+    d = decide_failover(off, STATE, wiped, mem, 101.0)
+    assert (d.action, d.reason) == ("blocked", "FailoverDisabled") and "lost its store" in d.message
+    # An unchanged master is not touched.
+    assert decide_failover(SPEC, STATE, before, MasterMemory(), 101.0).action == "none"
 
 
 def test_a_full_disk_is_reported_and_a_full_master_makes_the_group_unready() -> None:

@@ -118,10 +118,19 @@ class ReplicationController:
         starts as master in another broker's term (demoted and restarted from a broker.conf that
         still says master, e.g. a ConfigMap not yet updated) would write a second log of that
         term, which no follower could tell from the first: its puts are refused until it is
-        promoted at a new epoch or made a slave."""
+        promoted at a new epoch or made a slave. So are those of a master whose epoch record ends
+        below the group's (``haGroupEpoch``): it came back on a volume without its store, and
+        what it wrote (acknowledged by a slave that lost its store too) would be cut when the
+        slave holding the group's log is promoted."""
         epochs = self.epochs
-        fenced = not self.ctx.is_slave and epochs.epoch > 0 and epochs.own_epoch != epochs.epoch
-        if fenced and not self.store.term_fenced:
+        behind = epochs.epoch < self.settings.haGroupEpoch
+        fenced = not self.ctx.is_slave and (behind or (epochs.epoch > 0 and epochs.own_epoch != epochs.epoch))
+        if fenced and not self.store.term_fenced and behind:
+            log.error("this broker is %s at epoch %d, older than its group's epoch %d: its store is not the "
+                      "one it served from (a lost or replaced volume); refusing writes until it is promoted "
+                      "at a new epoch (POST /role) or made a slave", self.ctx.role, epochs.epoch,
+                      self.settings.haGroupEpoch)
+        elif fenced and not self.store.term_fenced:
             log.error("this broker is %s in epoch %d, which another broker began (its own latest is %s): "
                       "refusing writes until it is promoted at a new epoch (POST /role) or made a slave",
                       self.ctx.role, epochs.epoch, epochs.own_epoch)

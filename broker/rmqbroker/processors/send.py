@@ -218,7 +218,8 @@ class SendMessageProcessor:
         if ctx.store.term_fenced:
             raise SendRejected(ResponseCode.NO_PERMISSION,
                                f"the broker[{ctx.settings.host_ip}] sending message is forbidden: it is a master "
-                               "in an epoch another broker began (promote it at a new epoch, or make it a slave)")
+                               "in an epoch another broker began, or older than its group's (promote it at a new "
+                               "epoch, or make it a slave)")
         if topic not in self._sendable_names:
             problem = validate_topic(topic)
             if problem is not None:
