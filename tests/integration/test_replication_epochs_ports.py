@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
+import signal
 import socket
 import struct
 import threading
@@ -420,3 +422,42 @@ def test_a_master_back_on_an_empty_volume_takes_no_writes(cluster: Cluster) -> N
     fresh = cluster.broker(None, name="broker-f", haGroupEpoch="0")
     assert fresh.status()["termFenced"] is False
     assert send_raw(fresh.addr, "FreshTopic", b"first").code == ResponseCode.SUCCESS
+
+
+def test_a_slave_does_not_take_a_replaced_log_for_the_continuation_of_its_own(cluster: Cluster) -> None:
+    """A master whose volume was replaced comes back empty at epoch 0 and takes sends (ASYNC) while
+    its slave is away. Once its log is longer than the slave's, offsets and epochs alone would let
+    the slave append the new log's bytes after its own: a log of two logs. The log identity
+    (``logId``, drawn by the master that began the log) tells them apart: the slave keeps its
+    bytes, reports them as ahead of the master and does not follow. Promoted, it serves them;
+    the replaced master, demoted, drops its log whole and follows."""
+    a = cluster.broker(None, name="broker-l")
+    b = cluster.broker(None, name="broker-l", broker_id=1, role="SLAVE", haMasterAddress=f"127.0.0.1:{a.port + 1}")
+    send_some(a, "LogTopic", 5, "a")
+    kept = assert_same_log(a, b)
+    old_id = a.status()["logId"]
+    assert old_id and b.status()["logId"] == old_id
+    assert b.popen is not None
+    b.popen.send_signal(signal.SIGSTOP)
+    try:
+        a.kill9()
+        shutil.rmtree(a.store_dir)
+        a.start()
+        assert a.status()["logId"] not in (None, old_id)
+        while a.status()["maxPhyOffset"] <= kept + 4096:
+            send_some(a, "LogTopic", 5, "replaced")
+    finally:
+        b.popen.send_signal(signal.SIGCONT)
+    poll(lambda: b.status()["ha"]["aheadOfMasterBytes"] == kept, 20, what="the slave reporting its bytes as ahead")
+    time.sleep(1)
+    assert b.status()["maxPhyOffset"] == kept and b.status()["logId"] == old_id
+    assert "not this broker's log" in b.log_text()
+    # The operator's failover, by hand: promote the slave, demote the replaced master to follow it.
+    assert post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})[0] == 200
+    assert post(a, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 1})[0] == 200
+    b_ha = f"127.0.0.1:{b.port + 1}"
+    assert post(a, "/ha/master", {"haAddress": b_ha, "brokerAddress": b.addr, "epoch": 1})[0] == 200
+    send_some(b, "LogTopic", 3, "b")
+    assert assert_same_log(b, a) > kept
+    assert a.status()["logId"] == old_id
+    assert "dropping its" in a.log_text()

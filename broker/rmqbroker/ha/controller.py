@@ -109,6 +109,9 @@ class ReplicationController:
 
     # -- lifecycle --
     async def start(self) -> None:
+        if not self.ctx.is_slave:
+            # Before the HA port opens: a slave checks the identity of the log it is to follow.
+            await asyncio.to_thread(self.epochs.ensure_log_id)
         await self.ha.start()
         self._apply_role()
         self._check_term()
@@ -437,6 +440,7 @@ class ReplicationController:
             # The latest epoch this broker began as a promoted master (null: none): the broker
             # that owns the current epoch holds that term's log.
             "ownEpoch": self.epochs.own_epoch,
+            "logId": self.epochs.log_id,
             # A master refusing writes: the current epoch is another broker's term.
             "termFenced": self.store.term_fenced,
             "ha": {

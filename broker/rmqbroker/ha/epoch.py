@@ -6,6 +6,11 @@
 ``(e, its log end)``; a slave adopts its master's history. When a broker starts following a
 master, the last epoch both histories share tells where their logs can differ: everything this
 broker holds beyond the master's end of that epoch was never on the new master and is truncated.
+
+It also holds the log's identity (``logId``), drawn by the master that began the log and taken
+over by every broker that follows it. Epochs cannot tell two logs apart that both began at epoch
+0: a master back on a replaced, empty volume starts a new log at epoch 0 whose offsets a slave
+would take as the continuation of its own. The identity tells them apart.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import itertools
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +91,11 @@ def divergence_offset(own: list[EpochEntry], master: list[EpochEntry], master_ma
     return point
 
 
+def last_epoch(history: list[EpochEntry]) -> int:
+    """The epoch the newest bytes of a log with this history were written in."""
+    return _with_origin(history)[-1].epoch
+
+
 def same_term(own: list[EpochEntry], master: list[EpochEntry]) -> bool:
     """Whether this broker's latest epoch is the master's current one: then every byte this
     broker holds was written by that master, and bytes beyond the master's end are ones the
@@ -119,6 +130,8 @@ class EpochStore:
         # re-point. Persisted: a fenced slave that restarts before the failover re-points it must
         # not go back to the old master its configuration still names (it may only be hung).
         self.fence = 0
+        # The log's identity (None: not known yet, or a store from before identities existed).
+        self.log_id: str | None = None
         text = load_with_backup(self.path)
         if text:
             try:
@@ -128,12 +141,28 @@ class EpochStore:
                 own = obj.get("ownEpoch")
                 self.own_epoch = None if own is None else int(own)
                 self.fence = int(obj.get("fencedBelowEpoch", 0))
+                log_id = obj.get("logId")
+                self.log_id = log_id if isinstance(log_id, str) and log_id else None
             except (ValueError, TypeError, AttributeError, EpochError) as exc:
                 raise EpochError(f"{self.path} is unreadable: {exc}") from exc
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"epoch": self.epoch,
-                "history": [{"epoch": e.epoch, "startOffset": e.start_offset} for e in self.history]}
+        obj: dict[str, Any] = {"epoch": self.epoch,
+                               "history": [{"epoch": e.epoch, "startOffset": e.start_offset} for e in self.history]}
+        if self.log_id is not None:
+            obj["logId"] = self.log_id
+        return obj
+
+    def ensure_log_id(self) -> str:
+        """This broker's log identity, drawn now if it has none (a master: a new log, or one kept
+        from before identities existed); blocking, it persists."""
+        with self._lock:
+            if self.log_id is None:
+                self.log_id = uuid.uuid4().hex
+                self._changed()
+                self._persist()
+                log.info("log identity %s", self.log_id)
+            return self.log_id
 
     def _persist(self) -> None:
         obj = {**self.to_json_obj(), "ownEpoch": self.own_epoch}
@@ -171,6 +200,8 @@ class EpochStore:
                        for e in self.history]
             history.append(EpochEntry(epoch, start_offset))
             self.history = history
+            if self.log_id is None:
+                self.log_id = uuid.uuid4().hex
             self.epoch = epoch
             self.own_epoch = epoch
             self._reached(epoch)
@@ -178,8 +209,10 @@ class EpochStore:
             self._persist()
         log.info("epoch %d begins at offset %d", epoch, start_offset)
 
-    def adopt(self, epoch: int, history: list[EpochEntry], *, seen: int | None = None) -> None:
-        """Follow a master: take over its epoch and history (blocking).
+    def adopt(self, epoch: int, history: list[EpochEntry], *, seen: int | None = None,
+              log_id: str | None = None) -> None:
+        """Follow a master: take over its epoch, history and log identity (blocking; ``log_id``
+        None: a master that does not tell it, whose log is taken to be this one).
 
         ``seen`` is the ``generation`` the caller read before deciding to follow; if anything
         changed the state since, :class:`EpochChangedError` and nothing is written.
@@ -193,10 +226,12 @@ class EpochStore:
             if epoch == self.epoch and self.own_epoch == epoch:
                 # Two masters of one term: never merge another writer's history into ours.
                 raise EpochError(f"epoch {epoch} is this broker's own term; a master at it is not ours to follow")
-            if epoch == self.epoch and history == self.history:
+            log_id = log_id or self.log_id
+            if epoch == self.epoch and history == self.history and log_id == self.log_id:
                 return
             self.epoch = epoch
             self.history = list(history)
+            self.log_id = log_id
             self._reached(epoch)
             self._changed()
             self._persist()

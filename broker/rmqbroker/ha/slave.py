@@ -39,9 +39,11 @@ from typing import Any
 
 from rmqbroker.ha.epoch import (
     EpochChangedError,
+    EpochEntry,
     EpochError,
     EpochStore,
     divergence_offset,
+    last_epoch,
     parse_history,
     same_term,
 )
@@ -774,6 +776,9 @@ class HAClient:
             broker_addr = told if isinstance(told, str) and told else None
             # Absent from masters before the fields existed.
             peer_group = (str(obj["brokerName"]), str(obj["brokerClusterName"])) if "brokerName" in obj else None
+            # Absent from masters before identities existed, and from Java's.
+            told_log = obj.get("logId")
+            master_log = told_log if isinstance(told_log, str) and told_log else None
         except (ValueError, KeyError, TypeError, AttributeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
         if peer_role == "SLAVE":
@@ -790,6 +795,9 @@ class HAClient:
             raise StreamMismatchError(
                 f"master {addr} is at epoch {master_epoch}; fenced below epoch {epochs.fence} while a newer "
                 "master is promoted")
+        own_max = self.store.max_phy_offset()
+        if master_log is not None and epochs.log_id is not None and master_log != epochs.log_id and own_max > 0:
+            self._other_log(addr, master_epoch, master_history, master_log, own_max)
         point = divergence_offset(epochs.history, master_history, master_max)
         own_max = self.store.max_phy_offset()
         if own_max > point and master_epoch == epochs.epoch and same_term(epochs.history, master_history):
@@ -809,7 +817,7 @@ class HAClient:
             self._truncate(point)
             self.truncated_bytes += own_max - point
         adopting = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(epochs.adopt, master_epoch, master_history, seen=seen))
+            None, functools.partial(epochs.adopt, master_epoch, master_history, seen=seen, log_id=master_log))
         try:
             await asyncio.shield(adopting)
         except EpochChangedError:
@@ -825,6 +833,34 @@ class HAClient:
             if not adopting.cancelled() and (refused := adopting.exception()) is not None:
                 log.info("epoch adoption of the stopped handshake with %s not applied: %s", addr, refused)
             raise
+
+
+    def _other_log(self, addr: str, master_epoch: int, master_history: list[EpochEntry], master_log: str,
+                   own_max: int) -> None:
+        """The master serves another log than this one (``logId``): not the continuation of ours
+        whatever the offsets say. In the term our log is in, it is a master back on a replaced
+        volume, and our bytes may be acknowledged sends: kept, reported as ahead of the master,
+        not followed (the operator promotes a slave holding them). Begun by a later promotion,
+        the group moved on to that log without ours (we are such a master, demoted): ours is
+        dropped whole. Older, it is no master to follow."""
+        epochs = self.epochs
+        assert epochs is not None
+        if same_term(epochs.history, master_history):
+            self.ahead_bytes = own_max
+            raise StreamMismatchError(
+                f"master {addr} serves log {master_log}, not this broker's log {epochs.log_id} (a master back "
+                f"on a replaced volume?): not following it, keeping the {own_max} bytes held")
+        if last_epoch(master_history) < last_epoch(epochs.history):
+            raise StreamMismatchError(
+                f"master {addr} serves log {master_log}, older than this broker's log {epochs.log_id}")
+        if self._truncate is None or self.store.min_phy_offset() > 0:
+            raise StreamMismatchError(
+                f"master {addr} (epoch {master_epoch}) serves log {master_log}, not this broker's log "
+                f"{epochs.log_id}, and this log cannot be dropped whole here")
+        log.warning("master %s (epoch %d) serves log %s, which the group kept instead of this broker's log %s: "
+                    "dropping its %d bytes before following", addr, master_epoch, master_log, epochs.log_id, own_max)
+        self._truncate(0)
+        self.truncated_bytes += own_max
 
 
 async def _wait_stopped(task: asyncio.Task[None]) -> None:

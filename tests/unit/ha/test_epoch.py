@@ -147,3 +147,24 @@ def test_a_fence_survives_a_restart_until_lifted_or_reached(tmp_path: Path) -> N
     reloaded.fence_below(6)
     reloaded.fence_below(5)
     assert EpochStore(tmp_path).fence == 6
+
+
+def test_the_log_identity_is_drawn_once_by_a_master_and_taken_over_by_followers(tmp_path: Path) -> None:
+    master = EpochStore(tmp_path / "m")
+    assert master.log_id is None and "logId" not in master.to_json_obj()
+    drawn = master.ensure_log_id()
+    assert master.ensure_log_id() == drawn and master.to_json_obj()["logId"] == drawn
+    assert EpochStore(tmp_path / "m").log_id == drawn  # persisted
+    slave = EpochStore(tmp_path / "s")
+    slave.adopt(0, [], log_id=drawn)
+    assert EpochStore(tmp_path / "s").log_id == drawn
+    slave.adopt(0, [])  # a master that does not tell (Java's, an older image) changes nothing
+    assert slave.log_id == drawn
+    # A promotion keeps the log's identity; a broker promoted without one draws it.
+    slave.begin_epoch(1, 500)
+    assert slave.log_id == drawn
+    fresh = EpochStore(tmp_path / "f")
+    fresh.begin_epoch(1, 0)
+    assert fresh.log_id not in (None, drawn)
+    # Replaced volumes draw another: the identities of two logs begun apart differ.
+    assert EpochStore(tmp_path / "m2").ensure_log_id() != drawn

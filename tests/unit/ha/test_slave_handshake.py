@@ -43,11 +43,12 @@ class _HeldAdopt:
         self.release = threading.Event()
         self.finished = threading.Event()
 
-    def __call__(self, epoch: int, history: list[EpochEntry], **kw: int | None) -> None:
+    def __call__(self, epoch: int, history: list[EpochEntry], *, seen: int | None = None,
+                 log_id: str | None = None) -> None:
         self.entered.set()
         self.release.wait(10)
         try:
-            self.real(epoch, history, **kw)
+            self.real(epoch, history, seen=seen, log_id=log_id)
         finally:
             self.finished.set()
 
