@@ -166,9 +166,7 @@ class Run:
             pod = self.pick(kind.split("-")[1])
             down = rng.uniform(0.5, self.lost + 4)
             self.runner.kill(pod)
-            for claim in (self.workdir / "pvc").glob(f"*-{pod}"):
-                shutil.rmtree(claim)
-                claim.mkdir()
+            self.runner.wipe(pod)
             time.sleep(down)
             self.runner.restart(pod)
             return f"{kind} {pod} down {down:.1f}s"

@@ -398,7 +398,7 @@ class GroupController:
         views = await self._observe(spec)
         now = time.monotonic()
         observe(self.memory, spec, self.state.master_pod(spec), views, now,
-                lost=lost_data(spec, self.state, views) is not None)
+                lost=lost_data(spec, self.state, views, self.memory) is not None)
         return views, now
 
     async def tick(self, body: Mapping[str, Any]) -> None:
@@ -415,7 +415,7 @@ class GroupController:
                 if await self._restore_term_owner(spec, views) or await self._resume_demoted_master(spec, views):
                     views = await self._observe(spec)
             observe(self.memory, spec, self.state.master_pod(spec), views, now,
-                    lost=lost_data(spec, self.state, views) is not None)
+                    lost=lost_data(spec, self.state, views, self.memory) is not None)
             if self.memory.seen_healthy:
                 self.memory.served_before = True
             # How long the master has been lost is read now, with this round's answers in: a hung

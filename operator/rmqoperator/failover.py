@@ -59,6 +59,8 @@ class BrokerView:
     # A master refusing writes: it serves in an epoch another broker began (restarted from a
     # configuration that still named it master).
     term_fenced: bool = False
+    # The identity of the log it holds; None: not drawn yet, or an image that does not say.
+    log_id: str | None = None
 
     @property
     def is_master(self) -> bool:
@@ -78,7 +80,8 @@ class BrokerView:
                           disk_full=retention.get("diskFull") is True,
                           fenced=bool(ha.get("fencedBelowEpoch")),
                           own_epoch=_int_or_none(obj.get("ownEpoch")),
-                          term_fenced=obj.get("termFenced") is True)
+                          term_fenced=obj.get("termFenced") is True,
+                          log_id=_str_or_none(obj.get("logId")))
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class MasterMemory:
     # The group has served before (a Ready status or an epoch > 0 when the operator started): a
     # master that is down now was lost, not still starting.
     served_before: bool = False
+    # The log identity the master had when last seen healthy: another one later is another log.
+    master_log_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,13 +164,15 @@ def master_healthy(view: PodView | None) -> bool:
     return view is not None and not view.deleting and view.broker is not None and view.broker.is_master
 
 
-def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> str | None:
+def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
+              memory: MasterMemory | None = None) -> str | None:
     """Why the recorded master, reachable and serving as a master, no longer holds the group's
     log, or None: it came back on a volume that lost its store (a wiped or replaced claim, an
     older disk). It reports an epoch older than the group's (its epoch record went with the
-    store), or a slave pointed at it holds bytes of its own term beyond its end and refuses to
-    follow. Such a master is replaced like a lost one, at once: waiting cannot bring the bytes
-    back, and every send it takes meanwhile is on a log the group will not keep."""
+    store), another log identity than it had when last seen healthy (``memory``), or a slave
+    pointed at it holds bytes of its own term beyond its end and refuses to follow. Such a
+    master is replaced like a lost one, at once: waiting cannot bring the bytes back, and every
+    send it takes meanwhile is on a log the group will not keep."""
     master_pod = state.master_pod(spec)
     mv = pods.get(master_pod) if master_pod else None
     if mv is None or not master_healthy(mv):
@@ -174,6 +181,10 @@ def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -
     assert b is not None
     if b.epoch < state.epoch:
         return f"master {mv.name} is at epoch {b.epoch}, older than the group's {state.epoch}: it lost its store"
+    if (memory is not None and memory.master == mv.name and memory.master_log_id is not None
+            and b.log_id is not None and b.log_id != memory.master_log_id):
+        return (f"master {mv.name} serves log {b.log_id}, not the log {memory.master_log_id} it served: "
+                "its store was replaced")
     targets = follow_addresses(spec, mv)
     ahead = [f"{name} ({p.broker.ahead_of_master} bytes)" for name, p in sorted(pods.items())
              if name != mv.name and p.broker is not None and p.broker.role == "SLAVE"
@@ -183,10 +194,12 @@ def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -
     return None
 
 
-def master_serving(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> bool:
+def master_serving(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
+                   memory: MasterMemory | None = None) -> bool:
     """The recorded master is reachable, a master, and holds the group's log."""
     master_pod = state.master_pod(spec)
-    return master_healthy(pods.get(master_pod) if master_pod else None) and lost_data(spec, state, pods) is None
+    return (master_healthy(pods.get(master_pod) if master_pod else None)
+            and lost_data(spec, state, pods, memory) is None)
 
 
 def listen_port(spec: GroupSpec, view: PodView) -> int:
@@ -238,6 +251,7 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
         memory.master_changed_at = now
         memory.lost_since = None
         memory.seen_healthy = False
+        memory.master_log_id = None
     for name, p in pods.items():
         if p.reachable:
             memory.unreachable_since.pop(name, None)
@@ -250,6 +264,7 @@ def observe(memory: MasterMemory, spec: GroupSpec, master_pod: str | None, pods:
         memory.lost_since = None
         memory.seen_healthy = True
         memory.master_offset = mv.broker.max_offset  # type: ignore[union-attr]
+        memory.master_log_id = mv.broker.log_id or memory.master_log_id  # type: ignore[union-attr]
         slaves = [p for n, p in pods.items() if n != master_pod]
         memory.connected = frozenset(p.name for p in slaves
                                      if follows(spec, p, mv) and p.broker is not None and p.broker.ha_connected)
@@ -410,7 +425,7 @@ def decide_failover(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVi
     if master_pod is None:
         return FailoverDecision("none", "NoMaster")
     mv = pods.get(master_pod)
-    gone = lost_data(spec, state, pods)
+    gone = lost_data(spec, state, pods, memory)
     if master_healthy(mv) and gone is None:
         return FailoverDecision("none", "MasterHealthy")
     if not memory.seen_healthy and not memory.served_before and not has_served(pods):
@@ -440,7 +455,7 @@ def plan_alignment(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodVie
     master_pod = state.master_pod(spec)
     mv = pods.get(master_pod) if master_pod else None
     actions: list[Action] = []
-    if mv is None or not master_serving(spec, state, pods):
+    if mv is None or not master_serving(spec, state, pods, memory):
         return actions
     assert mv.broker is not None and mv.ip is not None
     if mv.broker.role != spec.master_role:

@@ -146,6 +146,12 @@ class PodRunner:
                 self.stale.add(pod)
             self.held.discard(pod)
 
+    def wipe(self, pod: str) -> None:
+        """Empty the pod's volume claims, as a replaced volume would (with its container down)."""
+        for claim in (self.workdir / "pvc").glob(f"*-{pod}"):
+            shutil.rmtree(claim)
+            claim.mkdir()
+
     def ip_of(self, pod: str) -> str:
         return self.ips[pod]
 

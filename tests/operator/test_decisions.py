@@ -371,6 +371,31 @@ def test_a_master_back_without_its_store_is_replaced_at_once() -> None:
     assert decide_failover(SPEC, STATE, before, MasterMemory(), 101.0).action == "none"
 
 
+def test_a_master_serving_another_log_than_it_did_is_replaced_before_its_slaves_notice() -> None:
+    """A group that never failed over (epoch 0): a master back on a replaced volume is in the
+    group's epoch, and its slaves say nothing until their next handshake, while it takes sends
+    (stored even when they fail for want of a slave) and could grow past them. Its new log
+    identity gives it away on the first poll, before what was seen of it changes."""
+    state0 = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=0)
+    before = pods(with_broker(master(5000, epoch=0), log_id="L1"), slave(1, 5000, epoch=0), slave(2, 5000, epoch=0))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", before, 100.0)
+    assert mem.master_log_id == "L1" and lost_data(SPEC, state0, before, mem) is None
+    replaced = pods(with_broker(master(9000, epoch=0), log_id="L2"), slave(1, 5000, epoch=0), slave(2, 5000, epoch=0))
+    why = lost_data(SPEC, state0, replaced, mem)
+    assert why is not None and "serves log L2, not the log L1" in why
+    observe(mem, SPEC, "g-0", replaced, 101.0, lost=True)
+    assert (mem.master_offset, mem.master_log_id, mem.in_sync) == (5000, "L1", frozenset({"g-1", "g-2"}))
+    d = decide_failover(SPEC, state0, replaced, mem, 101.0)
+    assert (d.action, d.candidate, d.master_lost_data) == ("promote", "g-1", True), d
+    assert plan_alignment(SPEC, state0, replaced, mem, 101.0) == []
+    # A master that had no identity before (an image from before them) and draws one is the same log.
+    old_image = MasterMemory()
+    observe(old_image, SPEC, "g-0", pods(master(5000, epoch=0), slave(1, 5000, epoch=0)), 100.0)
+    assert lost_data(SPEC, state0, replaced, old_image) is None
+    assert BrokerView.from_status({"role": "SYNC_MASTER", "logId": "L9"}).log_id == "L9"
+
+
 def test_a_full_disk_is_reported_and_a_full_master_makes_the_group_unready() -> None:
     def full(p: PodView, ratio: float) -> PodView:
         assert p.broker is not None
