@@ -171,6 +171,7 @@ class Broker:
         self.replication = ReplicationController(self.ctx, settings, self.epochs, self.outer, self._role_changed,
                                                  self.request_master_query)
         self.ctx.relays_from = self.replication.ha.streams_to
+        self.ctx.log_id = lambda: self.epochs.log_id
         if settings.relaySendsToMaster:
             self.ctx.relay = WriteRelay(self.outer.client, self.replication.relay_target,
                                         lambda: self.replication.demoted_at, settings.broker_addr)

@@ -431,9 +431,13 @@ def test_a_slave_does_not_take_a_replaced_log_for_the_continuation_of_its_own(cl
     (``logId``, drawn by the master that began the log) tells them apart: the slave keeps its
     bytes, reports them as ahead of the master and does not follow. Promoted, it serves them;
     the replaced master, demoted, drops its log whole and follows."""
-    a = cluster.broker(None, name="broker-l")
-    b = cluster.broker(None, name="broker-l", broker_id=1, role="SLAVE", haMasterAddress=f"127.0.0.1:{a.port + 1}")
+    ns = cluster.namesrv()  # the slave's metadata sync learns the master's address from it
+    a = cluster.broker(ns.addr, name="broker-l")
+    b = cluster.broker(ns.addr, name="broker-l", broker_id=1, role="SLAVE", haMasterAddress=f"127.0.0.1:{a.port + 1}",
+                       slaveSyncInitialDelay="300", slaveSyncInterval="500")
     send_some(a, "LogTopic", 5, "a")
+    topics = b.store_dir / "config" / "topics.json"
+    poll(lambda: topics.exists() and "LogTopic" in topics.read_text(), 10, what="the topic synced")
     kept = assert_same_log(a, b)
     old_id = a.status()["logId"]
     assert old_id and b.status()["logId"] == old_id
@@ -445,13 +449,20 @@ def test_a_slave_does_not_take_a_replaced_log_for_the_continuation_of_its_own(cl
         a.start()
         assert a.status()["logId"] not in (None, old_id)
         while a.status()["maxPhyOffset"] <= kept + 4096:
-            send_some(a, "LogTopic", 5, "replaced")
+            send_some(a, "ReplacedTopic", 5, "replaced")
     finally:
         b.popen.send_signal(signal.SIGCONT)
     poll(lambda: b.status()["ha"]["aheadOfMasterBytes"] == kept, 20, what="the slave reporting its bytes as ahead")
     time.sleep(1)
     assert b.status()["maxPhyOffset"] == kept and b.status()["logId"] == old_id
     assert "not this broker's log" in b.log_text()
+    # Nor its metadata: the replaced master's topic table lacks LogTopic, which would delete the
+    # slave's topic and consume queues.
+    poll(lambda: "HA stream is refused" in (b.status()["metadataSync"].get("lastError") or ""), 10,
+         what="the metadata sync refusing the master")
+    time.sleep(1.5)  # three sync periods
+    assert "LogTopic" in topics.read_text()
+    assert (b.store_dir / "consumequeue" / "LogTopic").is_dir()
     # The operator's failover, by hand: promote the slave, demote the replaced master to follow it.
     assert post(b, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 1})[0] == 200
     assert post(a, "/role", {"role": "SLAVE", "brokerId": 1, "epoch": 1})[0] == 200

@@ -79,7 +79,8 @@ class ReplicationController:
         self.metadata_sync = SlaveMetadataSync(
             api, settings.broker_addr, ctx.topics, ctx.groups, ctx.offsets, ctx.delay_offsets,
             initial_delay=settings.slaveSyncInitialDelay / 1000, interval=settings.slaveSyncInterval / 1000,
-            on_topic_deleted=self.store.delete_topic_queues, on_master_deletions=self.store.apply_topic_deletions)
+            on_topic_deleted=self.store.delete_topic_queues, on_master_deletions=self.store.apply_topic_deletions,
+            stream_refusal=self._stream_refusal, own_log_id=lambda: self.epochs.log_id)
         # An explicitly configured or injected master is not overridden by the nameserver (an
         # injected one only until this broker is promoted).
         self.pinned_master = bool(settings.haMasterAddress)
@@ -100,6 +101,14 @@ class ReplicationController:
         # brokerAddress, the nameserver's answer) may name another broker (a re-point with the HA
         # address only) and is left for masters that do not tell it (Java's, older ones).
         return self.ha_client.master_broker_addr or self.metadata_sync.master_addr
+
+    def _stream_refusal(self) -> str | None:
+        """Why the metadata sync takes nothing from the followed master now: the HA link refused
+        its log (another log, an older term, a slave), so its tables are not this log's. Between
+        a master's restart and the link's next handshake the log identity in the topic table's
+        answer decides (SlaveMetadataSync)."""
+        refusal = self.ha_client.refusal
+        return f"its HA stream is refused ({refusal})" if refusal is not None else None
 
     def _truncate(self, offset: int) -> None:
         """Cut this log at ``offset``; slaves streaming from it are dropped first, so that none

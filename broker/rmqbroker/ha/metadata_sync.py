@@ -53,8 +53,15 @@ class SlaveMetadataSync:
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, delay: DelayOffsetTable,
                  *, initial_delay: float = 3.0, interval: float = 10.0,
                  on_topic_deleted: Callable[[str], Awaitable[object]] | None = None,
-                 on_master_deletions: Callable[[dict[str, int]], Awaitable[object]] | None = None) -> None:
+                 on_master_deletions: Callable[[dict[str, int]], Awaitable[object]] | None = None,
+                 stream_refusal: Callable[[], str | None] | None = None,
+                 own_log_id: Callable[[], str | None] | None = None) -> None:
         self.api = api
+        # The identity of this slave's log: a master's table that names another is not taken.
+        self.own_log_id = own_log_id
+        # Why the HA link does not stream the followed master's log, if it does not (refused, or
+        # no handshake passed yet): then nothing is synced.
+        self.stream_refusal = stream_refusal
         # Called for each non-system topic the master no longer has (its consume queues go too).
         self.on_topic_deleted = on_topic_deleted
         # Called every round with the master's deleted topics and where its log ended for each.
@@ -158,6 +165,11 @@ class SlaveMetadataSync:
         master = master or self.master_addr
         if not master or master == self.own_addr:
             return
+        refusal = self.stream_refusal() if followed and self.stream_refusal is not None else None
+        if refusal is not None:
+            # Its log may not be this slave's (a master back on a replaced volume, an older term,
+            # a slave): its topic table would delete this slave's topics and their consume queues.
+            raise MetadataSyncError(f"nothing taken from {master}: {refusal}")
 
         def check() -> None:
             if followed and self.master_addr != master:
@@ -186,9 +198,16 @@ class SlaveMetadataSync:
         body = await self.api.get_all(master, RequestCode.GET_ALL_TOPIC_CONFIG)
         # Decoded in a worker thread, as every body of the round: thousands of topics or offsets
         # (a Java master's bare integer keys rewritten first) held the event loop ~0.2 s.
-        table, version, deleted = await asyncio.to_thread(decode_topic_sync, body)
+        table, version, deleted, log_id = await asyncio.to_thread(decode_topic_sync, body)
         check()
         self._check_same_group(master, table)
+        own_log = self.own_log_id() if self.own_log_id is not None else None
+        if log_id is not None and own_log is not None and log_id != own_log:
+            # Checked in the same answer as the table: a master restarted on a replaced volume
+            # between the HA link's last handshake and this round is caught all the same.
+            self._verified_master = None
+            raise ForeignMasterError(f"{master} serves log {log_id}, not this slave's log {own_log} (a master back "
+                                     "on a replaced volume?): nothing synced")
         if deleted and self.on_master_deletions is not None:
             # First, so that a topic deleted and created again since the last round loses the
             # queues of its earlier life even though it never went missing from the table.

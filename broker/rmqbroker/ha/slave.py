@@ -499,6 +499,9 @@ class HAClient:
         self.truncated_bytes = 0
         # Bytes of the master's own term this log holds beyond the master's end (0: none).
         self.ahead_bytes = 0
+        # Why the last handshake with the current master was refused (None: it was not, or none
+        # was made yet). The metadata sync takes nothing from a master whose log is refused.
+        self.refusal: str | None = None
         self.connected = False
         # Streaming from a master: the handshake found the peer a master (connected is set at the
         # TCP connect already, before anything is known of the peer).
@@ -534,6 +537,7 @@ class HAClient:
             return
         log.info("HA master address %s -> %s", self.master_addr, addr)
         self.master_addr = addr
+        self.refusal = None
         self._changed.set()
 
     async def switch_master(self, addr: str, *, reconnect: bool = False) -> None:
@@ -650,6 +654,8 @@ class HAClient:
                 log.warning("HA handshake with %s overtaken: %s", addr, exc)
             except (StreamMismatchError, StoreError) as exc:
                 self.mismatches += 1
+                if addr == self.master_addr:
+                    self.refusal = str(exc)
                 log.error("HA stream from %s refused: %s", addr, exc)
             except Exception:
                 # Whatever went wrong with this master (an unusable address included), the task
@@ -731,6 +737,7 @@ class HAClient:
             start = self.store.max_phy_offset()
             log.info("HA following master %s from offset %d", addr, start)
             self.streaming = True
+            self.refusal = None
             self._failure_logged = float("-inf")  # losing this master is news, whenever it comes
             if self._on_following is not None:
                 self._on_following(addr)

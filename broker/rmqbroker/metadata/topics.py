@@ -220,18 +220,27 @@ TopicChangeListener = Callable[[str, TopicConfig | None], None]
 #: its commitlog ended when it went. A slave whose sync never saw a topic missing (deleted and
 #: created again between two rounds) learns the deletion from it. Java slaves ignore the field.
 DELETED_TOPICS_KEY = "deletedTopics"
+#: Project extension of the GET_ALL_TOPIC_CONFIG body: the identity of the master's log (the HA
+#: epoch store's ``logId``). A slave takes nothing from a master whose log is not its own (a master
+#: back on a replaced volume, whose fresh table would delete the slave's topics).
+LOG_ID_KEY = "logId"
 
 
 def decode_topic_wrapper(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None]:
     """Parse a TopicConfigSerializeWrapper (topics.json / GET_ALL_TOPIC_CONFIG body)."""
-    table, version, _ = decode_topic_sync(text)
+    table, version, _, _ = decode_topic_sync(text)
     return table, version
 
 
-def decode_topic_sync(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None, dict[str, int]]:
-    """A GET_ALL_TOPIC_CONFIG body: the table, its version and the master's deleted topics
-    (``DELETED_TOPICS_KEY``; empty from a master without the extension)."""
+def decode_topic_sync(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVersion | None, dict[str, int],
+                                                  str | None]:
+    """A GET_ALL_TOPIC_CONFIG body: the table, its version, the master's deleted topics
+    (``DELETED_TOPICS_KEY``; empty from a master without the extension) and its log identity
+    (``LOG_ID_KEY``; None from a master without it)."""
     table, version, extra = decode_wrapper(fastjson_loads(text), "topicConfigTable", TopicConfig.from_json_obj)
+    log_id = extra.get(LOG_ID_KEY)
+    if log_id is not None and not (isinstance(log_id, str) and log_id):
+        raise MetadataFormatError(f"{LOG_ID_KEY}: not a log identity: {log_id!r}")
     raw = as_object(extra.get(DELETED_TOPICS_KEY) or {}, DELETED_TOPICS_KEY)
     deleted = {}
     for topic, end in raw.items():
@@ -239,7 +248,7 @@ def decode_topic_sync(text: str | bytes) -> tuple[dict[str, TopicConfig], DataVe
         if offset < 0:
             raise MetadataFormatError(f"{DELETED_TOPICS_KEY}.{topic}: negative commitlog offset {offset}")
         deleted[topic] = offset
-    return table, version, deleted
+    return table, version, deleted, log_id
 
 
 class TopicConfigManager(VersionedTableFile[TopicConfig]):

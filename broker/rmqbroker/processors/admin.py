@@ -15,6 +15,7 @@ from rmqbroker.metadata.subscription_groups import SubscriptionGroupConfig
 from rmqbroker.metadata.topics import (
     DELETED_TOPICS_KEY,
     DLQ_GROUP_TOPIC_PREFIX,
+    LOG_ID_KEY,
     MULTI_TAG,
     RETRY_GROUP_TOPIC_PREFIX,
     SINGLE_TAG,
@@ -325,7 +326,10 @@ class AdminProcessor:
         if len(self.ctx.topics) == 0:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
         deleted = self.ctx.store.deleted_topics()
-        body = await self.ctx.topics.encode_async(extra={DELETED_TOPICS_KEY: deleted} if deleted else None)
+        extra: dict[str, object] = {DELETED_TOPICS_KEY: deleted} if deleted else {}
+        if (log_id := self.ctx.log_id()) is not None:
+            extra[LOG_ID_KEY] = log_id
+        body = await self.ctx.topics.encode_async(extra=extra or None)
         return cmd.make_response(ResponseCode.SUCCESS, body=body.encode("utf-8"))
 
     async def get_system_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -24,6 +24,10 @@ async def _anoop() -> None:
     return None
 
 
+def _unknown() -> str | None:
+    return None
+
+
 def _never(_host: str) -> bool:
     return False
 
@@ -51,6 +55,8 @@ class BrokerContext:
     # Whether a peer host is one of the slaves this master streams to: the writes they relay name
     # the client's address as the born host (RELAYED_FOR); anyone else's claim is ignored.
     relays_from: Callable[[str], bool] = _never
+    # The identity of the log this broker holds (the HA epoch store's logId; None: none yet).
+    log_id: Callable[[], str | None] = _unknown
 
     def __post_init__(self) -> None:
         if not self.role:

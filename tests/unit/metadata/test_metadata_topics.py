@@ -16,6 +16,7 @@ from rmqbroker.metadata.jsonfile import fastjson_loads
 from rmqbroker.metadata.topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     DELETED_TOPICS_KEY,
+    LOG_ID_KEY,
     NOT_ALLOWED_SEND_TOPICS,
     PERM_INHERIT,
     PERM_PRIORITY,
@@ -404,10 +405,13 @@ def test_the_sync_body_carries_the_masters_deleted_topics(config_dir: Path) -> N
     mgr.update_topic_config(TopicConfig("Kept", 2, 2))
     mgr.persist()
     body = mgr.encode(extra={DELETED_TOPICS_KEY: {"Gone": 4096}})
-    table, version, deleted = decode_topic_sync(body)
+    table, version, deleted, log_id = decode_topic_sync(body)
     assert table == mgr.table() and version == mgr.data_version and deleted == {"Gone": 4096}
     assert DELETED_TOPICS_KEY not in on_disk(config_dir)
-    assert decode_topic_sync(mgr.encode())[2] == {}
+    assert decode_topic_sync(mgr.encode())[2] == {} and log_id is None
+    assert decode_topic_sync(mgr.encode(extra={LOG_ID_KEY: "L1"}))[3] == "L1"
+    with pytest.raises(MetadataFormatError):
+        decode_topic_sync(mgr.encode(extra={LOG_ID_KEY: 7}))
     for bad in ({"Gone": -1}, {"Gone": "many"}, ["Gone"]):
         with pytest.raises(MetadataFormatError, match=DELETED_TOPICS_KEY):
             decode_topic_sync(json.dumps({**json.loads(mgr.encode()), DELETED_TOPICS_KEY: bad}))
