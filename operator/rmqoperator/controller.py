@@ -36,6 +36,7 @@ from rmqoperator.failover import (
     decide_failover,
     demoted_master,
     fence_targets,
+    first_term,
     follows,
     handover_candidate,
     listen_port,
@@ -424,6 +425,10 @@ class GroupController:
             # away from one round later than masterLostSeconds says.
             decision = decide_failover(spec, self.state, views, self.memory, time.monotonic())
             await self._announce_failover(spec, decision)
+            if not self.paused and decision.action == "none" and first_term(spec, self.state, views) \
+                    and await self._begin_first_term(spec, views):
+                # Its slaves re-handshake into the new epoch: until then none is in sync.
+                views, now = await self._reobserve(spec)
             if not self.paused:
                 if decision.action == "promote" and await self._promote(spec, decision, views, now):
                     views, now = await self._reobserve(spec)
@@ -663,6 +668,27 @@ class GroupController:
                           f"master again at epoch {epoch}")
         await self._apply_config_map(spec, f"resuming {pod}")
         await self._write_status(spec)
+        return True
+
+    async def _begin_first_term(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
+        """The master begins epoch 1 (a same-role POST /role), and every broker.conf says so
+        (``haGroupEpoch``): a master back on a replaced volume starts at epoch 0, below it, and
+        refuses writes instead of acknowledging sends on a log the group will not keep. Whether
+        it did (the round's status, written at its end, then shows the new epoch)."""
+        assert self.state is not None
+        pod = self.state.master_pod(spec)
+        view = views.get(pod) if pod else None
+        if pod is None or view is None or view.ip is None:
+            return False
+        try:
+            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, 1)
+        except AdminError as exc:
+            log.warning("%s/%s: %s did not begin epoch 1: %s", self.namespace, self.name, pod, exc)
+            return False
+        self.state = dataclasses.replace(self.state, epoch=1)
+        await self._event("Normal", "EpochBegun", f"{pod}, the master, began epoch 1: brokers are told the group's "
+                                                  "epoch, so one back on a replaced volume takes no writes")
+        await self._apply_config_map(spec, "epoch 1")
         return True
 
     async def _apply_config_map(self, spec: GroupSpec, after: str) -> None:

@@ -16,6 +16,7 @@ from rmqoperator.failover import (
     decide_failover,
     demoted_master,
     fence_targets,
+    first_term,
     handover_candidate,
     lost_data,
     observe,
@@ -394,6 +395,21 @@ def test_a_master_serving_another_log_than_it_did_is_replaced_before_its_slaves_
     observe(old_image, SPEC, "g-0", pods(master(5000, epoch=0), slave(1, 5000, epoch=0)), 100.0)
     assert lost_data(SPEC, state0, replaced, old_image) is None
     assert BrokerView.from_status({"role": "SYNC_MASTER", "logId": "L9"}).log_id == "L9"
+
+
+def test_a_new_groups_master_begins_epoch_1_once_it_serves() -> None:
+    state0 = GroupState(assignment={0: 0, 1: 1, 2: 2}, epoch=0)
+    serving = pods(with_broker(master(0, epoch=0), log_id="L1"), slave(1, 0, epoch=0), slave(2, 0, epoch=0))
+    assert first_term(SPEC, state0, serving)
+    assert not first_term(SPEC, STATE, serving)  # the group has an epoch already
+    old_image = pods(master(0, epoch=0), slave(1, 0, epoch=0))  # no logId: it would not read haGroupEpoch
+    assert not first_term(SPEC, state0, old_image)
+    assert not first_term(SPEC, state0, pods(down(master(0, epoch=0)), slave(1, 0, epoch=0)))
+    fenced = pods(with_broker(master(0, epoch=0), log_id="L1", term_fenced=True), slave(1, 0, epoch=0))
+    assert not first_term(SPEC, state0, fenced)
+    behind = pods(with_broker(master(0, epoch=0), log_id="L1"),
+                  with_broker(slave(1, 900, epoch=0), ahead_of_master=900))
+    assert not first_term(SPEC, state0, behind)  # replaced, not confirmed in an epoch of its own
 
 
 def test_a_full_disk_is_reported_and_a_full_master_makes_the_group_unready() -> None:

@@ -104,7 +104,9 @@ def group_of_three(h: OperatorHarness, master_lost_seconds: int, replication: st
                                  brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
                                                "mappedFileSizeConsumeQueue": "60000",
                                                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
-    wait_for(lambda: converged(h, "broker-a-0"), 60, "group Ready with 3 in sync")
+    # The master begins epoch 1 once it serves (the operator's first term), before Ready.
+    wait_for(lambda: converged(h, "broker-a-0") and group_status(h).get("epoch") == 1, 60,
+             "group Ready at epoch 1 with 3 in sync")
 
 
 def test_master_killed_slave_promoted_no_acknowledged_message_lost(
@@ -141,7 +143,7 @@ def test_master_killed_slave_promoted_no_acknowledged_message_lost(
           f"{len(acked)} sends acknowledged before the kill")
     assert kill_to_writable <= 15.0
     assert new_master in ("broker-a-1", "broker-a-2") and new_addr != old_master_addr
-    assert st["epoch"] == 1 and st["brokerIds"][new_master] == 0 and st["brokerIds"]["broker-a-0"] > 0
+    assert st["epoch"] == 2 and st["brokerIds"][new_master] == 0 and st["brokerIds"]["broker-a-0"] > 0
     assert st["lastFailover"]["from"] == "broker-a-0" and st["lastFailover"]["to"] == new_master
     other = ({"broker-a-1", "broker-a-2"} - {new_master}).pop()
 
@@ -160,11 +162,11 @@ def test_master_killed_slave_promoted_no_acknowledged_message_lost(
     reasons = [e["reason"] for e in h.client.events()]
     assert "Promoted" in reasons and "Repointed" in reasons
 
-    # The old master returns with the config it had (still SYNC_MASTER, epoch 0): demoted and re-pointed.
+    # The old master returns with the config it had (still SYNC_MASTER, epoch 1): demoted and re-pointed.
     runner.restart("broker-a-0", stale_config=True)
     st = wait_for(lambda: converged(h, new_master), 40, "old master demoted, 3 in sync")
     rows = {r["pod"]: r for r in st["replicas"]}
-    assert rows["broker-a-0"]["role"] == "SLAVE" and rows["broker-a-0"]["epoch"] == 1
+    assert rows["broker-a-0"]["role"] == "SLAVE" and rows["broker-a-0"]["epoch"] == 2
     assert st["pendingDemotion"] == []
     demotions = [e["message"] for e in h.client.events("RoleChanged") if e["message"].startswith("broker-a-0 -> SLAVE")]
     assert demotions, "the returning master was not demoted through POST /role"
@@ -218,9 +220,9 @@ def test_a_master_back_on_an_empty_volume_is_replaced_at_once(
         harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
     """The master's volume is replaced while its container is down (a node lost with its local
     disk), and it is back within masterLostSeconds: a SYNC_MASTER at epoch 0 with an empty log and
-    a new log identity. Its slaves refuse to follow it (they hold the group's log) and report the
-    bytes; the operator promotes the most advanced one at once, without waiting masterLostSeconds
-    (60 s here), demotes the empty broker, which then copies the group's log. No acknowledged send
+    a new log identity, below the group's epoch 1 (``haGroupEpoch``), so it takes no writes. The
+    operator promotes the most advanced slave at once, without waiting masterLostSeconds (60 s
+    here), and demotes the empty broker, which then copies the group's log. No acknowledged send
     is lost."""
     h, (runner, _) = harness, real_pods
     group_of_three(h, 60)

@@ -287,6 +287,9 @@ class ReplicationController:
             # Master to master (SYNC <-> ASYNC) keeps the epoch history; only the mode changes.
             if epoch > self.epochs.epoch:
                 await asyncio.to_thread(self.epochs.begin_epoch, epoch, self.store.max_phy_offset())
+                # Its slaves re-handshake and take the new epoch (the operator counts a slave in
+                # sync only in its master's epoch); nothing is cut, the log goes on where it is.
+                self.ha.drop_slaves(f"epoch {epoch} began")
             self.ctx.role = role
             self._apply_role()
             return {}
