@@ -493,6 +493,9 @@ class Broker:
         s = self.settings
         await self.store.start()
         self.started_ms = int(time.time() * 1000)
+        # Before the listener opens: a master back on a replaced volume (or in another broker's
+        # term) must refuse the very first send, not one that arrives after the HA service starts.
+        await self.replication.prepare()
         await self.server.start()
         if self.fast_server is not None:
             try:

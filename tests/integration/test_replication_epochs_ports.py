@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from rmqbroker.remoting.client import RemotingConnectError
 from rmqbroker.remoting.codes import ResponseCode
 from tests.conftest import Cluster
 from tests.integration.helpers import poll, send_raw, wait_caught_up
@@ -418,7 +419,7 @@ def test_a_master_back_on_an_empty_volume_takes_no_writes(cluster: Cluster) -> N
     assert post(wiped, "/role", {"role": "ASYNC_MASTER", "brokerId": 0, "epoch": 3})[0] == 200
     assert wiped.status()["termFenced"] is False
     assert send_raw(wiped.addr, "WipedTopic", b"taken at epoch 3").code == ResponseCode.SUCCESS
-    # A group at epoch 0 (no failover yet) fences nobody: a new group's master writes at once.
+    # A group at epoch 0 fences nobody: a broker not told the group's epoch writes at once.
     fresh = cluster.broker(None, name="broker-f", haGroupEpoch="0")
     assert fresh.status()["termFenced"] is False
     assert send_raw(fresh.addr, "FreshTopic", b"first").code == ResponseCode.SUCCESS
@@ -472,3 +473,30 @@ def test_a_slave_does_not_take_a_replaced_log_for_the_continuation_of_its_own(cl
     assert assert_same_log(b, a) > kept
     assert a.status()["logId"] == old_id
     assert "dropping its" in a.log_text()
+
+
+def test_a_master_that_may_not_write_refuses_the_very_first_send(cluster: Cluster) -> None:
+    """Senders waiting for a restarted master connect the moment its port opens. The term check
+    runs before the listener opens, so not even the first send lands in a log the group will not
+    keep (it once ran with the HA service, a few milliseconds after the port opened)."""
+    wiped = cluster.broker(None, start=False, name="broker-v", haGroupEpoch="1")
+    first: list[int] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set() and not first:
+            try:
+                first.append(int(send_raw(wiped.addr, "FirstTopic", b"first", timeout=5).code))
+            except RemotingConnectError:
+                time.sleep(0.001)
+
+    sender = threading.Thread(target=hammer, daemon=True)
+    sender.start()
+    try:
+        wiped.start()
+        poll(lambda: first, 10, what="an answer to the first send")
+    finally:
+        stop.set()
+        sender.join(10)
+    assert first == [ResponseCode.NO_PERMISSION]
+    assert wiped.status()["maxPhyOffset"] == 0

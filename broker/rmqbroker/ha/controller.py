@@ -117,13 +117,18 @@ class ReplicationController:
         self.store.truncate_to(offset)
 
     # -- lifecycle --
-    async def start(self) -> None:
+    async def prepare(self) -> None:
+        """What must hold before the broker takes its first request: a master has its log's
+        identity (a slave checks it before following, and so does the metadata sync), and one
+        that may not write in this term refuses sends from the first one on."""
         if not self.ctx.is_slave:
-            # Before the HA port opens: a slave checks the identity of the log it is to follow.
             await asyncio.to_thread(self.epochs.ensure_log_id)
+        self._check_term()
+
+    async def start(self) -> None:
+        await self.prepare()  # again (idempotent): callers other than Broker.start skip it
         await self.ha.start()
         self._apply_role()
-        self._check_term()
 
     def _check_term(self) -> None:
         """A master writes only in an epoch it began (or in epoch 0, which nobody began). One that
