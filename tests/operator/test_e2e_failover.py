@@ -109,6 +109,29 @@ def group_of_three(h: OperatorHarness, master_lost_seconds: int, replication: st
              "group Ready at epoch 1 with 3 in sync")
 
 
+def senders_following_the_master(h: OperatorHarness, prefix: str, n: int, acked: int = 200) -> list[Sender]:
+    """``n`` senders to whichever broker the status names master, once ``acked`` sends were acknowledged."""
+    lookup = MasterLookup(h)
+    senders = [Sender(lookup, prefix=f"{prefix}{i}-") for i in range(n)]
+    for s in senders:
+        s.start()
+    wait_for(lambda: sum(len(s.acked) for s in senders) >= acked, 30, f"{acked} acknowledged sends")
+    return senders
+
+
+def stop_and_check_every_acked_send(runner: PodRunner, senders: list[Sender], group: str) -> None:
+    """Stop the senders; every send they had acknowledged is read back with the stock client."""
+    for s in senders:
+        s.stop.set()
+    for s in senders:
+        s.join(10)
+    acked = {k for s in senders for k in s.acked}
+    namesrv = f"{runner.ip_of('broker-a-namesrv-0')}:9876"
+    consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group=group)}
+    missing = acked - consumed
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost: {sorted(missing)[:10]}"
+
+
 def test_master_killed_slave_promoted_no_acknowledged_message_lost(
         harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
     h, (runner, _) = harness, real_pods
@@ -187,11 +210,7 @@ def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
     missing afterwards, and the old master is demoted and follows."""
     h, (runner, _) = harness, real_pods
     group_of_three(h, 2)
-    lookup = MasterLookup(h)
-    senders = [Sender(lookup, prefix=f"s{n}-") for n in range(4)]
-    for s in senders:
-        s.start()
-    wait_for(lambda: sum(len(s.acked) for s in senders) >= 200, 30, "200 acknowledged sends")
+    senders = senders_following_the_master(h, "s", 4)
     container = runner.container("broker-a-0")
     assert container is not None
     pid = container.handle.popen.pid
@@ -204,16 +223,10 @@ def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
     wait_for(lambda: sum(len(s.acked) for s in senders) >= 400, 30, "sends acknowledged by the new master")
     for s in senders:
         s.stop.set()
-    for s in senders:
-        s.join(10)
     st = wait_for(lambda: converged(h, new_master), 40, "old master demoted, 3 in sync")
     assert {r["pod"]: r["role"] for r in st["replicas"]}["broker-a-0"] == "SLAVE"
     assert h.client.events("Promoted"), "no promotion event"
-    acked = {k for s in senders for k in s.acked}
-    namesrv = f"{runner.ip_of('broker-a-namesrv-0')}:9876"
-    consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group="CG_HANG")}
-    missing = acked - consumed
-    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost: {sorted(missing)[:10]}"
+    stop_and_check_every_acked_send(runner, senders, "CG_HANG")
 
 
 def test_a_master_back_on_an_empty_volume_is_replaced_at_once(
@@ -226,11 +239,7 @@ def test_a_master_back_on_an_empty_volume_is_replaced_at_once(
     is lost."""
     h, (runner, _) = harness, real_pods
     group_of_three(h, 60)
-    lookup = MasterLookup(h)
-    senders = [Sender(lookup, prefix=f"w{n}-") for n in range(2)]
-    for s in senders:
-        s.start()
-    wait_for(lambda: sum(len(s.acked) for s in senders) >= 200, 30, "200 acknowledged sends")
+    senders = senders_following_the_master(h, "w", 2)
     runner.kill("broker-a-0")
     runner.wipe("broker-a-0")
     runner.restart("broker-a-0")
@@ -246,16 +255,10 @@ def test_a_master_back_on_an_empty_volume_is_replaced_at_once(
     wait_for(lambda: sum(len(s.acked) for s in senders) >= before + 100, 30, "sends acknowledged by the new master")
     for s in senders:
         s.stop.set()
-    for s in senders:
-        s.join(10)
     st = wait_for(lambda: converged(h, new_master), 60, "the emptied broker following, 3 in sync")
     print(f"\nmaster back on an empty volume: replaced {replaced_after:.1f}s after its restart")
     assert replaced_after < 20  # masterLostSeconds is 60
     assert {r["pod"]: r["role"] for r in st["replicas"]}["broker-a-0"] == "SLAVE"
     promoted = [e["message"] for e in h.client.events("Promoted")]
     assert len(promoted) == 1 and new_master in promoted[0], promoted
-    acked = {k for s in senders for k in s.acked}
-    namesrv = f"{runner.ip_of('broker-a-namesrv-0')}:9876"
-    consumed = {m["keys"] for m in pull_all(namesrv, TOPIC, group="CG_WIPED")}
-    missing = acked - consumed
-    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost: {sorted(missing)[:10]}"
+    stop_and_check_every_acked_send(runner, senders, "CG_WIPED")
