@@ -122,7 +122,7 @@ class ReplicationController:
         identity (a slave checks it before following, and so does the metadata sync), and one
         that may not write in this term refuses sends from the first one on."""
         if not self.ctx.is_slave:
-            await asyncio.to_thread(self.epochs.ensure_log_id)
+            await asyncio.to_thread(self.epochs.ensure_log_id, self.store.max_phy_offset())
         self._check_term()
 
     async def start(self) -> None:

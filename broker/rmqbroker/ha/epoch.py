@@ -10,7 +10,9 @@ broker holds beyond the master's end of that epoch was never on the new master a
 It also holds the log's identity (``logId``), drawn by the master that began the log and taken
 over by every broker that follows it. Epochs cannot tell two logs apart that both began at epoch
 0: a master back on a replaced, empty volume starts a new log at epoch 0 whose offsets a slave
-would take as the continuation of its own. The identity tells them apart.
+would take as the continuation of its own. The identity tells them apart. One drawn for a log
+that already held bytes (a store from before identities existed) ends in ``@<offset>``: another
+broker of that log may have drawn its own, so such identities say nothing (:func:`other_logs`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,18 @@ def divergence_offset(own: list[EpochEntry], master: list[EpochEntry], master_ma
     return point
 
 
+def draw_log_id(log_end: int) -> str:
+    """A new log identity for a log that ends at ``log_end`` (0: the log begins under it)."""
+    drawn = uuid.uuid4().hex
+    return drawn if log_end == 0 else f"{drawn}@{log_end}"
+
+
+def other_logs(a: str | None, b: str | None) -> bool:
+    """Whether two log identities prove two different logs: both known, both drawn as their logs
+    began, and different."""
+    return a is not None and b is not None and "@" not in a and "@" not in b and a != b
+
+
 def last_epoch(history: list[EpochEntry]) -> int:
     """The epoch the newest bytes of a log with this history were written in."""
     return _with_origin(history)[-1].epoch
@@ -153,12 +167,12 @@ class EpochStore:
             obj["logId"] = self.log_id
         return obj
 
-    def ensure_log_id(self) -> str:
+    def ensure_log_id(self, log_end: int) -> str:
         """This broker's log identity, drawn now if it has none (a master: a new log, or one kept
-        from before identities existed); blocking, it persists."""
+        from before identities existed, which ends at ``log_end``); blocking, it persists."""
         with self._lock:
             if self.log_id is None:
-                self.log_id = uuid.uuid4().hex
+                self.log_id = draw_log_id(log_end)
                 self._changed()
                 self._persist()
                 log.info("log identity %s", self.log_id)
@@ -201,7 +215,7 @@ class EpochStore:
             history.append(EpochEntry(epoch, start_offset))
             self.history = history
             if self.log_id is None:
-                self.log_id = uuid.uuid4().hex
+                self.log_id = draw_log_id(start_offset)
             self.epoch = epoch
             self.own_epoch = epoch
             self._reached(epoch)

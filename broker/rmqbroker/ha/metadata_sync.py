@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from rmqbroker.ha.epoch import other_logs
 from rmqbroker.metadata.consumer_offsets import (
     ConsumerOffsetManager,
     OffsetTable,
@@ -202,7 +203,7 @@ class SlaveMetadataSync:
         check()
         self._check_same_group(master, table)
         own_log = self.own_log_id() if self.own_log_id is not None else None
-        if log_id is not None and own_log is not None and log_id != own_log:
+        if other_logs(log_id, own_log):
             # Checked in the same answer as the table: a master restarted on a replaced volume
             # between the HA link's last handshake and this round is caught all the same.
             self._verified_master = None

@@ -44,6 +44,7 @@ from rmqbroker.ha.epoch import (
     EpochStore,
     divergence_offset,
     last_epoch,
+    other_logs,
     parse_history,
     same_term,
 )
@@ -803,7 +804,8 @@ class HAClient:
                 f"master {addr} is at epoch {master_epoch}; fenced below epoch {epochs.fence} while a newer "
                 "master is promoted")
         own_max = self.store.max_phy_offset()
-        if master_log is not None and epochs.log_id is not None and master_log != epochs.log_id and own_max > 0:
+        if own_max > 0 and other_logs(master_log, epochs.log_id):
+            assert master_log is not None
             self._other_log(addr, master_epoch, master_history, master_log, own_max)
         point = divergence_offset(epochs.history, master_history, master_max)
         own_max = self.store.max_phy_offset()
@@ -840,7 +842,6 @@ class HAClient:
             if not adopting.cancelled() and (refused := adopting.exception()) is not None:
                 log.info("epoch adoption of the stopped handshake with %s not applied: %s", addr, refused)
             raise
-
 
     def _other_log(self, addr: str, master_epoch: int, master_history: list[EpochEntry], master_log: str,
                    own_max: int) -> None:

@@ -12,6 +12,7 @@ from rmqbroker.ha.epoch import (
     EpochError,
     EpochStore,
     divergence_offset,
+    other_logs,
     same_term,
 )
 
@@ -152,8 +153,8 @@ def test_a_fence_survives_a_restart_until_lifted_or_reached(tmp_path: Path) -> N
 def test_the_log_identity_is_drawn_once_by_a_master_and_taken_over_by_followers(tmp_path: Path) -> None:
     master = EpochStore(tmp_path / "m")
     assert master.log_id is None and "logId" not in master.to_json_obj()
-    drawn = master.ensure_log_id()
-    assert master.ensure_log_id() == drawn and master.to_json_obj()["logId"] == drawn
+    drawn = master.ensure_log_id(0)
+    assert master.ensure_log_id(0) == drawn and master.to_json_obj()["logId"] == drawn
     assert EpochStore(tmp_path / "m").log_id == drawn  # persisted
     slave = EpochStore(tmp_path / "s")
     slave.adopt(0, [], log_id=drawn)
@@ -167,4 +168,13 @@ def test_the_log_identity_is_drawn_once_by_a_master_and_taken_over_by_followers(
     fresh.begin_epoch(1, 0)
     assert fresh.log_id not in (None, drawn)
     # Replaced volumes draw another: the identities of two logs begun apart differ.
-    assert EpochStore(tmp_path / "m2").ensure_log_id() != drawn
+    replaced = EpochStore(tmp_path / "m2").ensure_log_id(0)
+    assert other_logs(replaced, drawn) and not other_logs(drawn, drawn)
+    # Drawn for a log that held bytes already (a store from before identities): another broker of
+    # that log may have drawn its own, so it proves nothing.
+    upgraded = EpochStore(tmp_path / "u").ensure_log_id(4096)
+    assert upgraded.endswith("@4096") and not other_logs(upgraded, drawn) and not other_logs(drawn, upgraded)
+    assert not other_logs(None, drawn)
+    promoted = EpochStore(tmp_path / "p")
+    promoted.begin_epoch(2, 800)
+    assert promoted.log_id is not None and promoted.log_id.endswith("@800")
