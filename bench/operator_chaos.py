@@ -55,7 +55,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.integration.helpers import pull_all, wait_route  # noqa: E402
-from tests.operator.conftest import example  # noqa: E402
 from tests.operator.emulator import GROUP, OperatorHarness, condition  # noqa: E402
 from tests.operator.podrunner import PodRunner, ProcessBackend  # noqa: E402
 from tests.operator.test_e2e_failover import (  # noqa: E402
@@ -63,7 +62,7 @@ from tests.operator.test_e2e_failover import (  # noqa: E402
     TOPIC,
     MasterLookup,
     Sender,
-    converged,
+    group_of_three,
     group_status,
 )
 
@@ -161,20 +160,14 @@ class Run:
         assert self.runner is not None
         kind = self.rng.choice(self.kinds)
         rng = self.rng
-        if kind in ("wipe-master", "wipe-slave"):
-            # A lost volume: the node died with its local disk, and the pod comes back on an empty claim.
-            pod = self.pick(kind.split("-")[1])
-            down = rng.uniform(0.5, self.lost + 4)
-            self.runner.kill(pod)
-            self.runner.wipe(pod)
-            time.sleep(down)
-            self.runner.restart(pod)
-            return f"{kind} {pod} down {down:.1f}s"
-        if kind in ("kill-master", "kill-slave"):
+        if kind in ("kill-master", "kill-slave", "wipe-master", "wipe-slave"):
             pod = self.pick(kind.split("-")[1])
             down = rng.uniform(0.5, self.lost + 4)
             stale = kind == "kill-master" and rng.random() < 0.5
             self.runner.kill(pod)
+            if kind.startswith("wipe"):
+                # A lost volume: the node died with its local disk, the pod comes back on an empty claim.
+                self.runner.wipe(pod)
             time.sleep(down)
             self.runner.restart(pod, stale_config=stale)
             return f"{kind} {pod} down {down:.1f}s{' stale config' if stale else ''}"
@@ -265,12 +258,8 @@ class Run:
         try:
             self.h.start_operator()
             self.runner = PodRunner(self.h.client, self.workdir, self.backend).start()
-            self.h.client.apply_group(example(
-                replicas=3, replication=self.replication, masterDiscovery=self.discovery,
-                failover={"masterLostSeconds": self.lost},
-                brokerConfig={"mappedFileSizeCommitLog": str(16 << 20), "mappedFileSizeConsumeQueue": "60000",
-                              "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))
-            if self.wait_converged(90) is None or converged(self.h, PODS[0]) is None:
+            group_of_three(self.h, self.lost, self.replication, self.discovery)
+            if self.wait_converged(90) is None:
                 raise RuntimeError(f"the group did not start: {json.dumps(self.status())[:1000]}")
             lookup = MasterLookup(self.h)
             senders = [Sender(lookup, prefix=f"c{n}-") for n in range(3)]

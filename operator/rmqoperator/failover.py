@@ -194,24 +194,24 @@ def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
     return None
 
 
-def first_term(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> bool:
-    """Whether the group's master should begin epoch 1 now: the group is at epoch 0, which no
-    broker began, so a master back on a replaced volume (at epoch 0 again) cannot be told from
-    it by ``haGroupEpoch``. Begun once the master serves, with an image that knows log
-    identities (older ones do not read ``haGroupEpoch``)."""
-    master_pod = state.master_pod(spec)
-    mv = pods.get(master_pod) if master_pod else None
-    b = mv.broker if mv is not None else None
-    return (state.epoch == 0 and mv is not None and b is not None and master_healthy(mv) and not mv.deleting
-            and b.epoch == 0 and b.log_id is not None and not b.term_fenced and lost_data(spec, state, pods) is None)
-
-
 def master_serving(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
                    memory: MasterMemory | None = None) -> bool:
     """The recorded master is reachable, a master, and holds the group's log."""
     master_pod = state.master_pod(spec)
     return (master_healthy(pods.get(master_pod) if master_pod else None)
             and lost_data(spec, state, pods, memory) is None)
+
+
+def first_term(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView]) -> bool:
+    """Whether the group's master should begin epoch 1 now: the group is at epoch 0, which no
+    broker began, so a master back on a replaced volume (at epoch 0 again) cannot be told from
+    it by ``haGroupEpoch``. Begun once the master serves, with an image that knows log
+    identities (older ones do not read ``haGroupEpoch``)."""
+    if state.epoch != 0 or not master_serving(spec, state, pods):
+        return False
+    b = pods[state.master_pod(spec) or ""].broker
+    assert b is not None
+    return b.epoch == 0 and b.log_id is not None and not b.term_fenced
 
 
 def listen_port(spec: GroupSpec, view: PodView) -> int:

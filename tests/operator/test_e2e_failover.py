@@ -97,10 +97,11 @@ def converged(h: OperatorHarness, master: str) -> dict[str, Any] | None:
     return st if ok else None
 
 
-def group_of_three(h: OperatorHarness, master_lost_seconds: int, replication: str = "SYNC") -> None:
+def group_of_three(h: OperatorHarness, master_lost_seconds: int, replication: str = "SYNC",
+                   discovery: str = "Direct") -> None:
     """A group of three real brokers (SYNC unless said) with small files, Ready with every slave in sync."""
     failover = {"masterLostSeconds": master_lost_seconds}
-    h.client.apply_group(example(replicas=3, replication=replication, failover=failover,
+    h.client.apply_group(example(replicas=3, replication=replication, failover=failover, masterDiscovery=discovery,
                                  brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
                                                "mappedFileSizeConsumeQueue": "60000",
                                                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"}))

@@ -118,15 +118,15 @@ class ReplicationController:
 
     # -- lifecycle --
     async def prepare(self) -> None:
-        """What must hold before the broker takes its first request: a master has its log's
-        identity (a slave checks it before following, and so does the metadata sync), and one
-        that may not write in this term refuses sends from the first one on."""
+        """What must hold before the broker takes its first request (called before
+        :meth:`start`, ahead of the remoting listener): a master has its log's identity (a slave
+        checks it before following, and so does the metadata sync), and one that may not write
+        in this term refuses sends from the first one on."""
         if not self.ctx.is_slave:
             await asyncio.to_thread(self.epochs.ensure_log_id, self.store.max_phy_offset())
         self._check_term()
 
     async def start(self) -> None:
-        await self.prepare()  # again (idempotent): callers other than Broker.start skip it
         await self.ha.start()
         self._apply_role()
 
@@ -140,17 +140,17 @@ class ReplicationController:
         what it wrote (acknowledged by a slave that lost its store too) would be cut when the
         slave holding the group's log is promoted."""
         epochs = self.epochs
-        behind = epochs.epoch < self.settings.haGroupEpoch
-        fenced = not self.ctx.is_slave and (behind or (epochs.epoch > 0 and epochs.own_epoch != epochs.epoch))
-        if fenced and not self.store.term_fenced and behind:
-            log.error("this broker is %s at epoch %d, older than its group's epoch %d: its store is not the "
-                      "one it served from (a lost or replaced volume); refusing writes until it is promoted "
-                      "at a new epoch (POST /role) or made a slave", self.ctx.role, epochs.epoch,
-                      self.settings.haGroupEpoch)
-        elif fenced and not self.store.term_fenced:
-            log.error("this broker is %s in epoch %d, which another broker began (its own latest is %s): "
-                      "refusing writes until it is promoted at a new epoch (POST /role) or made a slave",
-                      self.ctx.role, epochs.epoch, epochs.own_epoch)
+        if epochs.epoch < self.settings.haGroupEpoch:
+            why: str | None = (f"at epoch {epochs.epoch}, older than its group's epoch {self.settings.haGroupEpoch}: "
+                               "its store is not the one it served from (a lost or replaced volume)")
+        elif epochs.epoch > 0 and epochs.own_epoch != epochs.epoch:
+            why = f"in epoch {epochs.epoch}, which another broker began (its own latest is {epochs.own_epoch})"
+        else:
+            why = None
+        fenced = not self.ctx.is_slave and why is not None
+        if fenced and not self.store.term_fenced:
+            log.error("this broker is %s %s: refusing writes until it is promoted at a new epoch (POST /role) "
+                      "or made a slave", self.ctx.role, why)
         elif self.store.term_fenced and not fenced:
             log.warning("writes taken again (%s, epoch %d)", self.ctx.role, epochs.epoch)
         self.store.set_term_fenced(fenced)

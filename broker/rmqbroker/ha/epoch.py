@@ -99,6 +99,11 @@ def draw_log_id(log_end: int) -> str:
     return drawn if log_end == 0 else f"{drawn}@{log_end}"
 
 
+def log_id_of(value: object) -> str | None:
+    """A log identity read from JSON (epoch.json, a master's epoch answer); None: absent or not one."""
+    return value if isinstance(value, str) and value else None
+
+
 def other_logs(a: str | None, b: str | None) -> bool:
     """Whether two log identities prove two different logs: both known, both drawn as their logs
     began, and different."""
@@ -155,8 +160,7 @@ class EpochStore:
                 own = obj.get("ownEpoch")
                 self.own_epoch = None if own is None else int(own)
                 self.fence = int(obj.get("fencedBelowEpoch", 0))
-                log_id = obj.get("logId")
-                self.log_id = log_id if isinstance(log_id, str) and log_id else None
+                self.log_id = log_id_of(obj.get("logId"))
             except (ValueError, TypeError, AttributeError, EpochError) as exc:
                 raise EpochError(f"{self.path} is unreadable: {exc}") from exc
 

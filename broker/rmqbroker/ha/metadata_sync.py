@@ -60,8 +60,7 @@ class SlaveMetadataSync:
         self.api = api
         # The identity of this slave's log: a master's table that names another is not taken.
         self.own_log_id = own_log_id
-        # Why the HA link does not stream the followed master's log, if it does not (refused, or
-        # no handshake passed yet): then nothing is synced.
+        # Why the HA link refuses the followed master's log, if it does: then nothing is synced.
         self.stream_refusal = stream_refusal
         # Called for each non-system topic the master no longer has (its consume queues go too).
         self.on_topic_deleted = on_topic_deleted

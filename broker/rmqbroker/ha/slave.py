@@ -44,6 +44,7 @@ from rmqbroker.ha.epoch import (
     EpochStore,
     divergence_offset,
     last_epoch,
+    log_id_of,
     other_logs,
     parse_history,
     same_term,
@@ -784,9 +785,7 @@ class HAClient:
             broker_addr = told if isinstance(told, str) and told else None
             # Absent from masters before the fields existed.
             peer_group = (str(obj["brokerName"]), str(obj["brokerClusterName"])) if "brokerName" in obj else None
-            # Absent from masters before identities existed, and from Java's.
-            told_log = obj.get("logId")
-            master_log = told_log if isinstance(told_log, str) and told_log else None
+            master_log = log_id_of(obj.get("logId"))  # absent from older masters and Java's
         except (ValueError, KeyError, TypeError, AttributeError, EpochError) as exc:
             raise StreamMismatchError(f"bad epoch answer from {addr}: {exc}") from exc
         if peer_role == "SLAVE":
