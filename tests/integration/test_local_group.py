@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -299,9 +300,13 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
     with running_group(tmp_path, text) as g:
         def linked() -> list[Row] | None:
             rows = status_rows(g.data_dir)
-            return rows if rows[0].ha == "2/2 in sync" and all(r.ha == "connected" for r in rows[1:]) else None
+            ok = (rows[0].ha == "2/2 in sync" and all(r.ha == "connected" for r in rows[1:])
+                  and all(r.epoch == "1" for r in rows))
+            return rows if ok else None
 
-        poll(linked, 30, 0.2, what="slaves connected to the master")
+        # The master begins epoch 1 once it serves; the slaves follow it into it.
+        poll(linked, 30, 0.2, what="slaves connected to the master in epoch 1")
+        assert g.state["epoch"] == 1
         for i in range(20):
             resp = send_raw(g.addr(0), "LocalTopic", f"before-{i}".encode())
             assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -344,11 +349,11 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
                 return rows if rows[1].role == "SYNC_MASTER" and rows[1].id == 0 and rows[0].id == 1 else None
 
             rows = poll(promoted, 30, 0.3, what="broker-1 promoted")
-            assert rows[1].epoch == "1"
+            assert rows[1].epoch == "2"
             assert int(rows[1].max_offset) >= acked  # every acknowledged message is on the new master
             assert rows[0].state == "NO-ANSWER"
             state = g.state
-            assert state["assignment"] == {"0": 1, "1": 0, "2": 2} and state["epoch"] == 1
+            assert state["assignment"] == {"0": 1, "1": 0, "2": 2} and state["epoch"] == 2
             conf0 = (g.data_dir / "broker-0.conf").read_text()
             assert "brokerRole=SLAVE" in conf0 and f"haMasterAddress=127.0.0.1:{g.base + 11}" in conf0
             assert "fileReservedTime=12" in conf0
@@ -371,7 +376,7 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
         poll(converged, 30, 0.3, what="old master demoted and following")
         assert g.admin_status(0)["ha"]["masterAddress"] == f"127.0.0.1:{g.base + 11}"
         out = status_output(g.data_dir)
-        assert "promoted broker-1 to SYNC_MASTER at epoch 1" in out
+        assert "promoted broker-1 to SYNC_MASTER at epoch 2" in out
         assert "broker-0 -> SLAVE brokerId 1" in out
         g.proc.send_signal(signal.SIGTERM)
         assert g.proc.wait(60) == 0
@@ -385,7 +390,7 @@ def test_local_group_restarts_processes_and_fails_over_a_lost_master(tmp_path: P
             return rows if ok else None
 
         rows = poll(back, 60, 0.3, what="group up again with the failed-over roles")
-        assert all(r.epoch == "1" for r in rows)
+        assert all(r.epoch == "2" for r in rows)
         resp = send_raw(g2.addr(1), "LocalTopic", b"again")
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         # The manifest's confs again: the run-time value is dropped, and the user told which.
@@ -405,15 +410,16 @@ def test_local_group_without_failover_restarts_the_master_and_keeps_roles(tmp_pa
     with running_group(tmp_path, text) as g:
         def linked() -> list[Row] | None:
             rows = status_rows(g.data_dir)
-            return rows if rows[0].ha == "1/1 in sync" and rows[1].ha == "connected" else None
+            ok = rows[0].ha == "1/1 in sync" and rows[1].ha == "connected" and all(r.epoch == "1" for r in rows)
+            return rows if ok else None
 
-        poll(linked, 30, 0.2, what="slave connected to the master")
+        poll(linked, 30, 0.2, what="slave connected to the master in epoch 1")
         master_pid = g.pid(0)
         os.kill(master_pid, signal.SIGSTOP)
         try:
             poll(lambda: "failover is off" in status_output(g.data_dir), 20, 0.3, what="lost master reported")
             assert _roles(status_rows(g.data_dir))[1] == ("broker-1", 1, "SLAVE")
-            assert g.state["epoch"] == 0
+            assert g.state["epoch"] == 1  # the first term, no promotion
         finally:
             os.kill(master_pid, signal.SIGCONT)
         os.kill(master_pid, signal.SIGKILL)
@@ -426,6 +432,55 @@ def test_local_group_without_failover_restarts_the_master_and_keeps_roles(tmp_pa
         assert _roles(rows) == [("broker-0", 0, "ASYNC_MASTER"), ("broker-1", 1, "SLAVE")]
         assert g.pid(0) != master_pid
         resp = send_raw(g.addr(0), "LocalTopic", b"x")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
+def test_local_group_replaces_a_master_back_on_an_emptied_store_at_once(tmp_path: Path) -> None:
+    """A master that starts again without its store (the folder deleted, another disk) is back at
+    epoch 0 with a new log, which its slave refuses. It is replaced at once, not after
+    masterLostSeconds, by the slave holding the group's log; it then follows and copies it."""
+    text = ("kind: BrokerGroup\nmetadata: {name: local-w}\n"
+            "spec:\n  replicas: 2\n  replication: SYNC\n  failover: {masterLostSeconds: 60}\n")
+    with running_group(tmp_path, text) as g:
+        def linked() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            ok = rows[0].ha == "1/1 in sync" and rows[1].ha == "connected" and all(r.epoch == "1" for r in rows)
+            return rows if ok and g.state["epoch"] == 1 else None
+
+        poll(linked, 30, 0.2, what="slave connected to the master in epoch 1")
+        for i in (0, 1):
+            assert "haGroupEpoch=1" in (g.data_dir / f"broker-{i}.conf").read_text()
+        assert "broker-0, the master, began epoch 1" in status_output(g.data_dir)
+        for i in range(20):
+            resp = send_raw(g.addr(0), "LocalTopic", f"kept-{i}".encode())
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        acked = g.admin_status(0)["maxPhyOffset"]
+
+        master_pid = g.pid(0)
+        os.kill(master_pid, signal.SIGSTOP)
+        shutil.rmtree(g.data_dir / "broker-0" / "store")
+        os.kill(master_pid, signal.SIGKILL)
+        lost_at = time.monotonic()
+
+        def replaced() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            return rows if rows[1].role == "SYNC_MASTER" and rows[1].id == 0 and rows[0].id == 1 else None
+
+        rows = poll(replaced, 45, 0.3, what="broker-1 promoted")
+        assert time.monotonic() - lost_at < 30, "waited for masterLostSeconds (60)"
+        assert rows[1].epoch == "2" and int(rows[1].max_offset) >= acked
+        assert "master broker-0 lost its store: it is at epoch 0, older than the group's 1" in status_output(g.data_dir)
+
+        def converged() -> list[Row] | None:
+            rows = status_rows(g.data_dir)
+            ok = (_roles(rows) == [("broker-0", 1, "SLAVE"), ("broker-1", 0, "SYNC_MASTER")]
+                  and rows[1].ha == "1/1 in sync" and rows[0].lag == "0")
+            return rows if ok else None
+
+        poll(converged, 30, 0.3, what="the emptied broker following the new master")
+        assert g.admin_status(0)["maxPhyOffset"] == g.admin_status(1)["maxPhyOffset"] >= acked
+        assert "haGroupEpoch=2" in (g.data_dir / "broker-0.conf").read_text()
+        resp = send_raw(g.addr(1), "LocalTopic", b"after")
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
 

@@ -265,8 +265,9 @@ def parse_group(doc: dict[str, Any], secrets: Secrets | None = None) -> GroupSpe
 
 
 def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, ports: Mapping[str, int],
-                namesrv: str, master_ha: str, token_file: Path) -> str:
-    """broker.conf of the broker at ``ordinal`` (its ports and store) holding ``broker_id`` (0: master)."""
+                namesrv: str, master_ha: str, token_file: Path, group_epoch: int = 0) -> str:
+    """broker.conf of the broker at ``ordinal`` (its ports and store) holding ``broker_id`` (0: master)
+    in a group at ``group_epoch`` (``haGroupEpoch``: a master back on an emptied store refuses writes)."""
     role = spec.master_role if broker_id == 0 else "SLAVE"
     # Defaults brokerConfig may change; the managed keys below are applied after it.
     conf: dict[str, str] = {
@@ -288,6 +289,7 @@ def render_conf(spec: GroupSpec, ordinal: int, broker_id: int, data_dir: Path, p
         "adminListenPort": str(ports["admin"]),
         "adminTokenFile": str(token_file),
         "storePathRootDir": str(store_dir(data_dir, ordinal)),
+        "haGroupEpoch": str(group_epoch),
     }
     if broker_id != 0 and spec.master_discovery == "Direct":
         conf["haMasterAddress"] = master_ha

@@ -156,6 +156,9 @@ class Watch:
     connected: frozenset[str] = frozenset()
     in_sync: frozenset[str] = frozenset()
     blocked: str = ""  # the last reason failover was refused, said once
+    log_id: str | None = None  # the log identity the master served when last seen healthy
+    lost_store: str = ""  # why the master, although it answers, no longer holds the group's log
+    first_term_failed: bool = False
 
 
 @dataclass
@@ -173,6 +176,7 @@ class LocalGroup:
     statuses: dict[int, dict[str, Any] | None] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     watch: Watch = field(default_factory=Watch)
+    conf_epoch: int = -1  # the group epoch the confs on disk carry (haGroupEpoch)
     _token: str | None = field(default=None, repr=False)
 
     @staticmethod
@@ -244,7 +248,7 @@ class LocalGroup:
         for ordinal, broker_id in self.assignment.items():
             path = self.conf_path(ordinal)
             conf = render_conf(self.spec, ordinal, broker_id, self.data_dir, self.ports(ordinal), self.namesrv,
-                               self.ha_address(self.master), self.token_file)
+                               self.ha_address(self.master), self.token_file, self.epoch)
             saved = self._saved_values(path, conf)
             if keep_saved:
                 conf = rewrite_properties(conf, saved)
@@ -252,6 +256,7 @@ class LocalGroup:
                 dropped.append(f"{path.name}: {', '.join(f'{k}={v}' for k, v in saved.items())}")
             # Owner-only: with spec.acl it holds the account slaves sign their metadata sync with.
             atomic_write(path, conf, mode=0o600, backup=False)
+        self.conf_epoch = self.epoch
         return dropped
 
     @staticmethod
@@ -318,11 +323,18 @@ class LocalGroup:
             self.statuses[ordinal] = st
         ms = self.statuses.get(self.master)
         w = self.watch
-        if ms is not None and ms.get("role") in MASTER_ROLES:
+        answers = ms is not None and ms.get("role") in MASTER_ROLES
+        lost = self._lost_store(ms) if ms is not None and answers else None
+        if lost and not w.lost_store:
+            self.event(f"master {self.name_of(self.master)} lost its store: {lost}")
+        w.lost_store = lost or ""
+        if ms is not None and answers and not lost and not ms.get("termFenced"):
             w.lost_since = None
             w.seen_healthy = True
             w.blocked = ""
             w.master_offset = int(ms.get("maxPhyOffset") or 0)
+            log_id = ms.get("logId")
+            w.log_id = log_id if isinstance(log_id, str) and log_id else w.log_id
             # The master's epoch is the group's (state.json may be older than the brokers' stores).
             self.epoch = max(self.epoch, int(ms.get("epoch") or 0))
             connected, synced = set(), set()
@@ -342,16 +354,44 @@ class LocalGroup:
         elif w.lost_since is None:
             w.lost_since = now
 
+    def _lost_store(self, ms: Mapping[str, Any]) -> str | None:
+        """Why the master, answering as a master, no longer holds the group's log, or None: its
+        store was emptied or replaced while it was down (the operator's rule, ``lost_data``). It
+        reports an epoch older than the group's, another log identity than it served, or a slave
+        pointed at it holds bytes of its term beyond its end."""
+        name = self.name_of(self.master)
+        epoch = int(ms.get("epoch") or 0)
+        if epoch < self.epoch:
+            return f"it is at epoch {epoch}, older than the group's {self.epoch}"
+        log_id = ms.get("logId")
+        if self.watch.log_id and isinstance(log_id, str) and log_id and log_id != self.watch.log_id:
+            return f"it serves log {log_id}, not the log {self.watch.log_id} it served"
+        master_ha = self.ha_address(self.master)
+        ahead = []
+        for ordinal, st in sorted(self.statuses.items()):
+            ha = (st or {}).get("ha") or {}
+            held = int(ha.get("aheadOfMasterBytes") or 0)
+            if ordinal != self.master and st and st.get("role") == "SLAVE" and held > 0 \
+                    and ha.get("masterAddress") == master_ha:
+                ahead.append(f"{self.name_of(ordinal)} ({held} bytes)")
+        if ahead:
+            return f"slave(s) pointed at {name} hold bytes of its term beyond its end: {', '.join(ahead)}"
+        return None
+
     def fail_over(self, now: float) -> None:
-        """Promote a slave when the master has been unreachable for ``masterLostSeconds``."""
+        """Promote a slave when the master has been unreachable for ``masterLostSeconds``, or at
+        once when it answers without the group's log (waiting cannot bring its bytes back, and
+        the slaves refuse to follow it)."""
         w = self.watch
         fo = self.spec.failover
-        if w.lost_since is None or not w.seen_healthy or now - w.lost_since < fo.master_lost_seconds:
+        if w.lost_since is None or not (w.seen_healthy or w.lost_store):
+            return
+        if not w.lost_store and now - w.lost_since < fo.master_lost_seconds:
             return
         old = self.name_of(self.master)
+        how = f"lost its store ({w.lost_store})" if w.lost_store else f"was unreachable for {now - w.lost_since:.1f}s"
         if not fo.enabled:
-            self._refused("disabled", f"master {old} unreachable for {now - w.lost_since:.0f}s; failover is off "
-                                      "(spec.failover.enabled: false)")
+            self._refused("disabled", f"master {old} {how}; failover is off (spec.failover.enabled: false)")
             return
         live = {ordinal: st for ordinal, st in self.statuses.items()
                 if ordinal != self.master and st is not None and st.get("role") == "SLAVE"}
@@ -366,7 +406,7 @@ class LocalGroup:
         chosen, why = election.choose(candidates({o: int(st.get("maxPhyOffset") or 0) for o, st in live.items()}),
                                       slaves, self.epoch, strict, record)
         if chosen is None:
-            self._refused(why, f"master {old} lost; not promoting: {why}")
+            self._refused(why, f"master {old} {how}; not promoting: {why}")
             return
         epoch = election.next_epoch(self.epoch, [int(st.get("epoch") or 0) for st in self.statuses.values() if st])
         # Fence every slave first: a master that is only hung could otherwise still get an ack
@@ -382,7 +422,7 @@ class LocalGroup:
         chosen, why = election.choose(candidates(fenced), slaves, self.epoch, strict, record)
         if chosen is None or (strict and len(fenced) < len(live)):
             why = why if chosen is None else "a slave could not be fenced"
-            self._refused(why, f"master {old} lost; not promoting: {why}")
+            self._refused(why, f"master {old} {how}; not promoting: {why}")
             return
         cand = int(chosen.rsplit("-", 1)[1])
         try:
@@ -396,8 +436,7 @@ class LocalGroup:
         self.assignment[cand] = 0
         self.epoch = epoch
         self.write_confs()  # restarts (of the old master too) come back in the new roles
-        self.event(f"promoted {chosen} to {self.spec.master_role} at epoch {epoch} ({why}); "
-                   f"master {old} was unreachable for {now - w.lost_since:.1f}s")
+        self.event(f"promoted {chosen} to {self.spec.master_role} at epoch {epoch} ({why}); master {old} {how}")
         self.save()  # before anything else: a restarted rmq-local must know the new roles
         self.watch = Watch()
         self.observe(now)
@@ -412,7 +451,7 @@ class LocalGroup:
         """Make every reachable broker hold its assigned role and follow the master."""
         master = self.master
         ms = self.statuses.get(master)
-        if ms is None or ms.get("role") not in MASTER_ROLES:
+        if ms is None or ms.get("role") not in MASTER_ROLES or self.watch.lost_store:
             return
         token = self.token
         master_ha = self.ha_address(master)
@@ -455,11 +494,35 @@ class LocalGroup:
             return time.monotonic() - self.procs[self.name_of(ordinal)].started_at > NAMESERVER_GRACE
         return following != master_ha
 
+    def begin_first_term(self) -> None:
+        """A new group's master begins epoch 1 once it serves (a same-role POST /role), and every
+        broker.conf then says so (``haGroupEpoch``): a master back on an emptied store is at
+        epoch 0 again, below it, and refuses writes instead of acknowledging sends on a log the
+        group will not keep. Its slaves re-handshake into the new epoch."""
+        ms = self.statuses.get(self.master)
+        if (self.epoch != 0 or ms is None or ms.get("role") not in MASTER_ROLES or self.watch.lost_store
+                or int(ms.get("epoch") or 0) != 0 or not ms.get("logId") or ms.get("termFenced")):
+            return
+        name = self.name_of(self.master)
+        try:
+            admin_call(self.ports(self.master)["admin"], self.token, "POST", "/role",
+                       {"role": self.spec.master_role, "brokerId": 0, "epoch": 1}, CONTROL_TIMEOUT)
+        except AdminCallError as exc:
+            if not self.watch.first_term_failed:  # said once; tried again every pass
+                self.watch.first_term_failed = True
+                self.event(f"{name}, the master, did not begin epoch 1: {exc}")
+            return
+        self.epoch = 1
+        self.event(f"{name}, the master, began epoch 1: a broker back on an emptied store then takes no writes")
+
     def tick(self, now: float) -> None:
         self.supervise(now)
         self.observe(now)
         self.fail_over(now)
+        self.begin_first_term()
         self.align()
+        if self.conf_epoch != self.epoch:
+            self.write_confs()  # restarts read the group's epoch
         self.save()
 
     # -- state.json -------------------------------------------------------------------------

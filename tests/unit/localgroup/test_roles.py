@@ -203,3 +203,44 @@ def test_the_admin_token_is_read_once_for_the_run(tmp_path: Path) -> None:
     assert g.token == "tok-1"
     g.token_file.unlink()
     assert g.token == "tok-1"
+
+
+def test_a_master_without_the_groups_log_counts_as_lost_at_once(tmp_path: Path) -> None:
+    """The operator's rule in rmq-local: a master that answers but lost its store (an epoch older
+    than the group's, another log identity than it served, or a slave pointed at it holding bytes
+    of its term beyond its end) is lost without waiting masterLostSeconds."""
+    g = group(tmp_path)
+    g.load_assignment({"group": "g", "epoch": 2, "assignment": {"0": 0, "1": 1, "2": 2}})
+    master_ha = g.ha_address(0)
+
+    def slave(ahead: int = 0, follows: str = master_ha) -> dict[str, Any]:
+        return {"role": "SLAVE", "epoch": 2, "maxPhyOffset": 100,
+                "ha": {"masterAddress": follows, "connected": ahead == 0, "aheadOfMasterBytes": ahead}}
+
+    def round_(master: dict[str, Any], *slaves: dict[str, Any]) -> None:
+        g.statuses = {0: master, 1: slaves[0], 2: slaves[1]}
+        w = g.watch
+        lost = g._lost_store(master)
+        w.lost_store = lost or ""
+        if not lost:  # what observe() keeps of a healthy master
+            w.seen_healthy, w.log_id, w.lost_since = True, master["logId"], None
+        elif w.lost_since is None:
+            w.lost_since = 100.0
+
+    healthy = {"role": "SYNC_MASTER", "epoch": 2, "logId": "a1", "maxPhyOffset": 100}
+    round_(healthy, slave(), slave())
+    assert g.watch.lost_store == "" and g.watch.log_id == "a1"
+    round_({**healthy, "logId": "b2"}, slave(), slave())
+    assert g.watch.lost_store == "it serves log b2, not the log a1 it served"
+    round_({**healthy, "epoch": 0, "logId": "c3"}, slave(), slave())
+    assert g.watch.lost_store == "it is at epoch 0, older than the group's 2"
+    # Bytes ahead count only from a slave pointed at this master.
+    round_(healthy, slave(ahead=4096, follows="127.0.0.1:1"), slave())
+    assert g.watch.lost_store == ""
+    round_(healthy, slave(ahead=4096), slave())
+    assert g.watch.lost_store == "slave(s) pointed at broker-0 hold bytes of its term beyond its end: broker-1 (4096 bytes)"
+    # Lost that way, the failover does not wait masterLostSeconds (30 by default) to promote; here
+    # no slave answers the fence, so it is refused for that reason, not for the wait.
+    g.token_file.write_text("t\n")
+    g.fail_over(now=100.5)
+    assert any("master broker-0 lost its store" in e and "not promoting" in e for e in g.events), g.events
