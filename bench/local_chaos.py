@@ -8,13 +8,16 @@ the keys the broker acknowledged. Each round does one of, in turn:
 - ``hang``: SIGSTOP the master until a slave is promoted, then SIGCONT it (it must be demoted and
   follow, truncating what it stored but never had acknowledged);
 - ``kill-master``: SIGKILL the master (rmq-local starts it again; no failover is expected);
-- ``kill-slave``: SIGKILL a slave (started again, it catches up).
+- ``kill-slave``: SIGKILL a slave (started again, it catches up);
+- ``wipe-master`` / ``wipe-slave`` (only with ``--actions``): stop the broker, delete its store and
+  SIGKILL it, so it starts again empty (a lost disk). A master must be replaced at once by a slave
+  holding the group's log; a slave copies the log from zero.
 
 At the end, with the group settled, every broker must hold the same commitlog (SHA-256 of the
 bytes from the admin endpoint's ``/commitlog``) and the stock C++ PullConsumer must read every
 acknowledged key through the nameserver.
 
-Usage: ``python bench/local_chaos.py [--rounds 9] [--lost 3] [--senders 4]``.
+Usage: ``python bench/local_chaos.py [--rounds 9] [--lost 3] [--senders 4] [--actions hang wipe-master ...]``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +137,9 @@ def main() -> None:
     ap.add_argument("--lost", type=int, default=3, help="masterLostSeconds")
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--pause", type=float, default=4.0, help="seconds of traffic between rounds")
+    ap.add_argument("--actions", nargs="+", default=["hang", "kill-slave", "kill-master"],
+                    choices=["hang", "kill-slave", "kill-master", "wipe-master", "wipe-slave"],
+                    help="the rounds' actions, taken in turn")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="local-chaos-"))
     manifest = work / "bg.yaml"
@@ -155,10 +162,10 @@ def main() -> None:
         senders = [Sender(g, n) for n in range(args.senders)]
         for s in senders:
             s.start()
-        actions = ["hang", "kill-slave", "kill-master"]
+        actions = args.actions
         for r in range(args.rounds):
             time.sleep(args.pause)
-            action = actions[r % 3]
+            action = actions[r % len(actions)]
             m = g.master()
             start = time.monotonic()
             if action == "hang":
@@ -172,6 +179,18 @@ def main() -> None:
             elif action == "kill-master":
                 os.kill(g.pid(m), signal.SIGKILL)
                 note = f"broker-{m} (master) killed"
+            elif action in ("wipe-master", "wipe-slave"):
+                victim = m if action == "wipe-master" else (m + 1 + r % 2) % 3
+                pid = g.pid(victim)
+                os.kill(pid, signal.SIGSTOP)
+                shutil.rmtree(data_dir / f"broker-{victim}" / "store")
+                os.kill(pid, signal.SIGKILL)
+                if action == "wipe-master":
+                    poll(lambda m=m: g.master() != m, 60, 0.2, what="a slave promoted")
+                    note = (f"broker-{m} (master) back without its store; broker-{g.master()} promoted after "
+                            f"{time.monotonic() - start:.1f}s")
+                else:
+                    note = f"broker-{victim} (slave) back without its store"
             else:
                 victim = (m + 1 + r % 2) % 3
                 os.kill(g.pid(victim), signal.SIGKILL)
