@@ -494,11 +494,11 @@ def test_a_slave_hands_its_outage_commits_to_its_master_as_soon_as_it_streams_fr
          what="the outage's commit handed to the returned master")
 
 
-def test_a_slave_holding_outage_commits_tries_its_master_again_every_half_second(cluster: Cluster) -> None:
-    """A slave whose master is away backs off to one attempt every 5 s (as Java's HAClient), so the
-    hand-over of what a group committed to it during the outage could follow the master's return
-    by up to 5 s, in which a consumer reading the master re-consumes. While it holds such commits it
-    tries every 0.5 s; without them it still backs off."""
+def test_a_slave_holding_outage_commits_tries_its_master_again_every_fifth_of_a_second(cluster: Cluster) -> None:
+    """A slave whose master cannot be reached tries it once a second (Java's HAClient: every 5 s),
+    so the hand-over of what a group committed to it during the outage could follow the master's
+    return by up to a second, in which a consumer reading the master re-consumes. While it holds
+    such commits it tries every 0.2 s; without them, once a second."""
     master, slave = pair(cluster, slaveSyncInterval=60000)
     group, topic = "CG_RETRY", "OffsetsRetry"
     create_topic(master.addr, topic, queues=1)
@@ -512,11 +512,11 @@ def test_a_slave_holding_outage_commits_tries_its_master_again_every_half_second
         return int(slave.status()["ha"]["failedAttempts"]) - before
 
     master.kill9()
-    time.sleep(2)  # past the first steps of the back-off (0.5 s, 1 s)
-    assert failed_attempts_in(4) <= 2
+    time.sleep(2)  # past the first step of the back-off (0.5 s)
+    assert 2 <= failed_attempts_in(4) <= 5
     commit_offset(slave.addr, group, topic, 0, 9)
     assert slave.status()["metadataSync"]["offsetsToHandOver"] == 1
-    assert failed_attempts_in(3) >= 4
+    assert failed_attempts_in(3) >= 9
     master.start()
     poll(lambda: query_consumer_offset(master.addr, group, topic, 0) == 9, 3,
          what="the outage's commit handed to the returned master")

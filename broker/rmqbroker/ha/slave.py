@@ -74,10 +74,16 @@ REPORT_EVERY = 0.001
 # How long a blocking receive waits before the thread looks at stop, heartbeat and silence (s).
 RECV_POLL = 0.25
 # Retry back-off after a failed attempt to follow a master: doubled from the first to the last (s).
+# A master that cannot be reached is tried every second (Java waits 5 s): a master restarted in
+# place (a crash, the kubelet) takes sends at once, and under ASYNC replication each one no slave
+# has yet is lost if it fails again; a connection refused costs next to nothing. A master that
+# answered but whose stream was refused (another log, an older epoch) is tried less often, since
+# each refusal is logged as an error and only a re-point or a change on its side ends them.
 RETRY_FIRST = 0.5
+RETRY_MAX_UNREACHABLE = 1.0
 RETRY_MAX = 5.0
 # The retry interval while `retry_soon` says something waits for the master's return (s).
-RETRY_SOON = 0.5
+RETRY_SOON = 0.2
 # A failed attempt is logged as a warning at most this often; the ones between at debug.
 FAILURE_LOG_EVERY = 5.0
 # A stopping HA task that takes longer than this is logged with its stack (and again each period).
@@ -490,7 +496,7 @@ class HAClient:
         # included): a master that is back after an outage.
         self._on_following = on_following
         # While it says True, a master that cannot be followed is tried again every RETRY_SOON
-        # seconds instead of backing off to RETRY_MAX: something waits for its return (consumer
+        # seconds instead of backing off: something waits for its return (consumer
         # offsets committed here during an outage, which a consumer reading the returned master's
         # own would otherwise re-consume from until they are handed over).
         self._retry_soon = retry_soon
@@ -638,6 +644,7 @@ class HAClient:
                 await self._wait_change(5.0)
                 continue
             failed = True
+            unreachable = False
             try:
                 await self._follow(addr)
                 backoff = RETRY_FIRST
@@ -649,6 +656,7 @@ class HAClient:
                 failed = False
                 continue
             except (OSError, ConnectionError, TimeoutError) as exc:
+                unreachable = True
                 self._log_failure("HA connection to %s failed: %s", addr, exc)
             except EpochChangedError as exc:
                 # A role change or re-point overtook the handshake; the next one starts from the
@@ -673,7 +681,7 @@ class HAClient:
                 self.failed_attempts += 1
                 if self._on_master_lost is not None:
                     self._on_master_lost(addr)
-            await self._back_off(backoff)
+            await self._back_off(min(backoff, RETRY_MAX_UNREACHABLE) if unreachable else backoff)
             backoff = min(backoff * 2, RETRY_MAX)
 
     def _log_failure(self, msg: str, *args: object) -> None:

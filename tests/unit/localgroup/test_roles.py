@@ -238,7 +238,8 @@ def test_a_master_without_the_groups_log_counts_as_lost_at_once(tmp_path: Path) 
     round_(healthy, slave(ahead=4096, follows="127.0.0.1:1"), slave())
     assert g.watch.lost_store == ""
     round_(healthy, slave(ahead=4096), slave())
-    assert g.watch.lost_store == "slave(s) pointed at broker-0 hold bytes of its term beyond its end: broker-1 (4096 bytes)"
+    assert g.watch.lost_store == ("slave(s) pointed at broker-0 hold bytes of its term beyond its end: "
+                                  "broker-1 (4096 bytes)")
     # Lost that way, the failover does not wait masterLostSeconds (30 by default) to promote; here
     # no slave answers the fence, so it is refused for that reason, not for the wait.
     g.token_file.write_text("t\n")
