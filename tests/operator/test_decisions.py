@@ -372,6 +372,23 @@ def test_a_master_back_without_its_store_is_replaced_at_once() -> None:
     assert decide_failover(SPEC, STATE, before, MasterMemory(), 101.0).action == "none"
 
 
+def test_every_store_lost_blocks_a_sync_failover_until_data_loss_is_allowed() -> None:
+    """Every broker back on an empty volume: no slave holds what the master acknowledged, so the
+    SYNC rule refuses and says how to start over; with allowDataLoss the most advanced is promoted."""
+    before = pods(master(5000), slave(1, 5000), slave(2, 5000))
+    mem = MasterMemory()
+    observe(mem, SPEC, "g-0", before, 100.0)
+    wiped = pods(master(0, epoch=0), slave(1, 0, epoch=0), slave(2, 300, epoch=0, connected=False))
+    observe(mem, SPEC, "g-0", wiped, 101.0, lost=True)
+    d = decide_failover(SPEC, STATE, wiped, mem, 101.0)
+    assert (d.action, d.reason) == ("blocked", "NoSafeCandidate"), d
+    assert "no reachable slave is in the master's epoch 3" in d.message
+    assert "spec.failover.allowDataLoss: true" in d.message
+    lossy = dataclasses.replace(SPEC, failover=FailoverSpec(enabled=True, master_lost_seconds=5, allow_data_loss=True))
+    d = decide_failover(lossy, STATE, wiped, mem, 101.0)
+    assert (d.action, d.candidate, d.epoch) == ("promote", "g-2", 4), d
+
+
 def test_a_master_serving_another_log_than_it_did_is_replaced_before_its_slaves_notice() -> None:
     """A group that never failed over (epoch 0): a master back on a replaced volume is in the
     group's epoch, and its slaves say nothing until their next handshake, while it takes sends

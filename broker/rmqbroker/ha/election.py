@@ -71,7 +71,9 @@ def choose(live: Sequence[Candidate], slaves: Collection[str], epoch: int, stric
     if strict:
         current = [c for c in live if c.epoch == epoch]
         if not current:
-            return None, f"no reachable slave is in the master's epoch {epoch}"
+            # E.g. every store was lost: no slave can hold what the master acknowledged.
+            return None, (f"no reachable slave is in the master's epoch {epoch} (spec.failover.allowDataLoss: "
+                          "true promotes the most advanced one anyway)")
         could_ack = record.connected if record.seen_healthy else frozenset(slaves)
         hidden = sorted(n for n in could_ack if n not in {c.name for c in live})
         if hidden:
