@@ -52,8 +52,11 @@ def status_table(state: dict[str, Any], events: bool = True) -> str:
         else:
             slaves = ha.get("slaves") or []
             link = f"{sum(1 for x in slaves if x.get('inSync'))}/{len(slaves)} in sync"
+        # A master refusing writes (back without its store, or in another broker's term) answers,
+        # but the group cannot take sends until it is replaced or demoted.
+        how = "FENCED" if st.get("termFenced") else "UP"
         rows.append((name, str(st["brokerId"]), st["role"], st["brokerAddr"], str(st.get("epoch", 0)),
-                     str(st["maxPhyOffset"]), lag, _disk(st.get("retention") or {}), link, restarts, "UP"))
+                     str(st["maxPhyOffset"]), lag, _disk(st.get("retention") or {}), link, restarts, how))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if events and state.get("events"):
