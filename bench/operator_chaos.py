@@ -54,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.helpers import pull_all, wait_route  # noqa: E402
+from tests.integration.helpers import poll, pull_all, route  # noqa: E402
 from tests.operator.emulator import GROUP, OperatorHarness, condition  # noqa: E402
 from tests.operator.podrunner import PodRunner, ProcessBackend  # noqa: E402
 from tests.operator.test_e2e_failover import (  # noqa: E402
@@ -65,6 +65,8 @@ from tests.operator.test_e2e_failover import (  # noqa: E402
     group_of_three,
     group_status,
 )
+
+from rmqbroker.remoting.client import RemotingError  # noqa: E402
 
 PODS = [f"{NAME}-{i}" for i in range(3)]
 STEPS = ("kill-master", "kill-slave", "hang-master", "hang-slave", "delete-pod", "switchover", "roll",
@@ -305,8 +307,15 @@ class Run:
                     findings.append(f"{pod}'s commitlog differs from the master's ({master}) up to {end}")
             acked = {k for s in senders for k in s.acked}
             namesrv = f"{self.runner.ip_of(NAMESRV)}:9876"
+
+            def route_when_up() -> dict[str, Any] | None:
+                try:
+                    return route(namesrv, TOPIC)
+                except RemotingError:  # a nameserver killed by the last step may not be back yet
+                    return None
+
             try:
-                wait_route(namesrv, TOPIC, timeout=60)
+                poll(route_when_up, 60, 0.5, what=f"route of {TOPIC}")
             except TimeoutError:
                 findings.append("the nameserver has no route for the topic 60 s after convergence")
                 return self.report(findings, senders, errors)
