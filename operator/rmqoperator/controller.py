@@ -40,6 +40,7 @@ from rmqoperator.failover import (
     follows,
     handover_candidate,
     listen_port,
+    lone_master_restart,
     lost_data,
     observe,
     plan_alignment,
@@ -413,7 +414,8 @@ class GroupController:
             views = await self._observe(spec)
             if not self.paused:
                 await self._adopt_reported_master(spec, views)
-                if await self._restore_term_owner(spec, views) or await self._resume_demoted_master(spec, views):
+                if (await self._restore_term_owner(spec, views) or await self._resume_demoted_master(spec, views)
+                        or await self._restart_lone_master(spec, views)):
                     views = await self._observe(spec)
             observe(self.memory, spec, self.state.master_pod(spec), views, now,
                     lost=lost_data(spec, self.state, views, self.memory) is not None)
@@ -667,6 +669,31 @@ class GroupController:
                           f"{pod}, the master, was a slave following no master (a hand-over cut short?): it is "
                           f"master again at epoch {epoch}")
         await self._apply_config_map(spec, f"resuming {pod}")
+        await self._write_status(spec)
+        return True
+
+    async def _restart_lone_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
+        """Let the only broker of a group go on with an empty log at a new epoch after it lost its
+        store; see :func:`rmqoperator.failover.lone_master_restart`. Whether it did."""
+        assert self.state is not None
+        found = lone_master_restart(spec, self.state, views, self.memory)
+        pod = self.state.master_pod(spec)
+        view = views.get(pod) if pod else None
+        if found is None or pod is None or view is None or view.ip is None:
+            return False
+        epoch, why = found
+        try:
+            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
+        except AdminError as exc:
+            log.warning("%s/%s: %s lost its store and could not begin epoch %d: %s", self.namespace, self.name,
+                        pod, epoch, exc)
+            return False
+        self.state = dataclasses.replace(self.state, epoch=epoch)
+        self.memory.master_log_id = None  # its new log is the group's now
+        await self._event("Warning", "StoreLost",
+                          f"{why}; {pod} is the group's only broker, so nothing holds the messages it had: it goes "
+                          f"on with an empty log at epoch {epoch}")
+        await self._apply_config_map(spec, f"{pod} starting over")
         await self._write_status(spec)
         return True
 

@@ -194,6 +194,22 @@ def lost_data(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
     return None
 
 
+def lone_master_restart(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
+                        memory: MasterMemory | None = None) -> tuple[int, str] | None:
+    """The epoch at which a group of one broker goes on with the empty log its master holds now,
+    and why, or None. Such a master came back without its store (:func:`lost_data`) and refuses
+    writes (``haGroupEpoch``), but no other broker holds the group's log: there is nobody to
+    promote, and refusing writes keeps nothing. So it begins a new epoch on what it has."""
+    master_pod = state.master_pod(spec)
+    if spec.replicas != 1 or master_pod is None or any(n != master_pod and p.broker is not None
+                                                       for n, p in pods.items()):
+        return None
+    why = lost_data(spec, state, pods, memory)
+    if why is None:
+        return None
+    return election.next_epoch(state.epoch, [p.broker.epoch for p in pods.values() if p.broker is not None]), why
+
+
 def master_serving(spec: GroupSpec, state: GroupState, pods: Mapping[str, PodView],
                    memory: MasterMemory | None = None) -> bool:
     """The recorded master is reachable, a master, and holds the group's log."""

@@ -484,6 +484,27 @@ def test_local_group_replaces_a_master_back_on_an_emptied_store_at_once(tmp_path
         assert resp.code == ResponseCode.SUCCESS, resp.remark
 
 
+def test_a_group_of_one_goes_on_with_an_empty_log_when_its_broker_lost_its_store(tmp_path: Path) -> None:
+    """The only broker back without its store refuses writes (haGroupEpoch) like any master that
+    lost its store, but nobody holds the group's log and nobody can replace it: it begins a new
+    epoch on its empty log and takes sends again."""
+    text = ("kind: BrokerGroup\nmetadata: {name: local-one}\n"
+            "spec:\n  replicas: 1\n  replication: ASYNC\n  failover: {masterLostSeconds: 60}\n")
+    with running_group(tmp_path, text) as g:
+        poll(lambda: g.state["epoch"] == 1, 30, 0.2, what="epoch 1 begun")
+        assert send_raw(g.addr(0), "LocalTopic", b"gone").code == ResponseCode.SUCCESS
+        pid = g.pid(0)
+        os.kill(pid, signal.SIGSTOP)
+        shutil.rmtree(g.data_dir / "broker-0" / "store")
+        os.kill(pid, signal.SIGKILL)
+        poll(lambda: g.state["epoch"] == 2, 30, 0.2, what="a new epoch on the empty log")
+        st = g.admin_status(0)
+        assert (st["role"], st["epoch"], st["termFenced"]) == ("ASYNC_MASTER", 2, False)
+        assert "it is the group's only broker" in status_output(g.data_dir)
+        resp = send_raw(g.addr(0), "LocalTopic", b"again")
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
 def test_local_cluster_of_two_groups_shares_one_nameserver(tmp_path: Path) -> None:
     """`rmq-local up examples/cluster.yaml`: the Kubernetes example of two groups as one cluster runs
     locally around one nameserver, and the stock producer spreads a topic over both groups."""

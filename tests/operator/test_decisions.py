@@ -18,6 +18,7 @@ from rmqoperator.failover import (
     fence_targets,
     first_term,
     handover_candidate,
+    lone_master_restart,
     lost_data,
     observe,
     plan_alignment,
@@ -387,6 +388,21 @@ def test_every_store_lost_blocks_a_sync_failover_until_data_loss_is_allowed() ->
     lossy = dataclasses.replace(SPEC, failover=FailoverSpec(enabled=True, master_lost_seconds=5, allow_data_loss=True))
     d = decide_failover(lossy, STATE, wiped, mem, 101.0)
     assert (d.action, d.candidate, d.epoch) == ("promote", "g-2", 4), d
+
+
+def test_a_group_of_one_goes_on_with_an_empty_log_when_its_broker_lost_its_store() -> None:
+    """Nobody holds the log of a group of one whose broker lost its store, and nobody can replace
+    it: it begins a new epoch on what it has instead of refusing writes for ever."""
+    one = dataclasses.replace(SPEC, replicas=1, replication="ASYNC")
+    state = GroupState(assignment={0: 0}, epoch=3)
+    assert lone_master_restart(one, state, pods(master(5000, role="ASYNC_MASTER", slaves=0))) is None
+    wiped = pods(with_broker(master(0, role="ASYNC_MASTER", epoch=0, slaves=0), term_fenced=True))
+    found = lone_master_restart(one, state, wiped)
+    assert found is not None and found[0] == 4 and "epoch 0, older than the group's 3" in found[1]
+    # Any other broker of the group still answering (a scale-down to one under way) may hold the log.
+    assert lone_master_restart(one, state, {**wiped, **pods(slave(1, 5000))}) is None
+    # A group with slaves replaces such a master by the election instead.
+    assert lone_master_restart(SPEC, state, {**wiped, **pods(slave(1, 5000), slave(2, 5000))}) is None
 
 
 def test_a_master_serving_another_log_than_it_did_is_replaced_before_its_slaves_notice() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rmqbroker.remoting.codes import RequestCode, ResponseCode
-from tests.integration.helpers import pull_all, rpc
+from tests.integration.helpers import pull_all, rpc, send_raw
 from tests.operator.conftest import example
 from tests.operator.emulator import OperatorHarness, condition, wait_for
 from tests.operator.podrunner import PodRunner, ProcessBackend
@@ -228,6 +228,36 @@ def test_hung_master_resumes_after_failover_without_losing_an_acknowledged_send(
     assert {r["pod"]: r["role"] for r in st["replicas"]}["broker-a-0"] == "SLAVE"
     assert h.client.events("Promoted"), "no promotion event"
     stop_and_check_every_acked_send(runner, senders, "CG_HANG")
+
+
+def test_a_group_of_one_whose_volume_was_replaced_goes_on_with_an_empty_log(
+        harness: OperatorHarness, real_pods: tuple[PodRunner, ProcessBackend]) -> None:
+    """The only broker back on an emptied volume is at epoch 0, below the group's epoch, and
+    refuses writes; with no other broker to hold the log or take over, the operator has it begin a
+    new epoch on its empty log (event StoreLost) and the group takes sends again."""
+    h, (runner, _) = harness, real_pods
+    h.client.apply_group(example(replicas=1, replication="ASYNC", failover={"masterLostSeconds": 60},
+                                 brokerConfig={"mappedFileSizeCommitLog": str(16 << 20),
+                                               "autoCreateTopicEnable": "true"}))
+
+    def ready(epoch: int) -> dict[str, Any] | None:
+        g = h.client.group(NAME)
+        st = (g or {}).get("status") or {}
+        ok = st.get("epoch") == epoch and condition(g, "Ready").get("status") == "True" and st.get("masterAddress")
+        return st if ok else None
+
+    st = wait_for(lambda: ready(1), 60, "group of one Ready at epoch 1")
+    assert send_raw(st["masterAddress"], TOPIC, b"before").code == ResponseCode.SUCCESS
+    runner.kill("broker-a-0")
+    runner.wipe("broker-a-0")
+    runner.restart("broker-a-0")
+    st = wait_for(lambda: ready(2), 30, "a new epoch on the empty log")
+    lost = [e["message"] for e in h.client.events("StoreLost")]
+    assert len(lost) == 1 and "the group's only broker" in lost[0], lost
+    resp = wait_for(lambda: (r := send_raw(st["masterAddress"], TOPIC, b"after")).code == ResponseCode.SUCCESS and r,
+                    10, "a send acknowledged")
+    assert resp.code == ResponseCode.SUCCESS
+    assert not h.client.events("Promoted")
 
 
 def test_a_master_back_on_an_empty_volume_is_replaced_at_once(

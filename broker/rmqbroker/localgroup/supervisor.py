@@ -390,6 +390,9 @@ class LocalGroup:
             return
         old = self.name_of(self.master)
         how = f"lost its store ({w.lost_store})" if w.lost_store else f"was unreachable for {now - w.lost_since:.1f}s"
+        if w.lost_store and len(self.assignment) == 1:
+            self._start_over(now)
+            return
         if not fo.enabled:
             self._refused("disabled", f"master {old} {how}; failover is off (spec.failover.enabled: false)")
             return
@@ -438,6 +441,26 @@ class LocalGroup:
         self.write_confs()  # restarts (of the old master too) come back in the new roles
         self.event(f"promoted {chosen} to {self.spec.master_role} at epoch {epoch} ({why}); master {old} {how}")
         self.save()  # before anything else: a restarted rmq-local must know the new roles
+        self.watch = Watch()
+        self.observe(now)
+
+    def _start_over(self, now: float) -> None:
+        """The group's only broker came back without its store: nothing else holds the group's
+        log, and refusing writes keeps nothing, so it goes on with an empty log at a new epoch
+        (the operator's rule for a group of one)."""
+        name, w = self.name_of(self.master), self.watch
+        st = self.statuses.get(self.master) or {}
+        epoch = election.next_epoch(self.epoch, [int(st.get("epoch") or 0)])
+        try:
+            admin_call(self.ports(self.master)["admin"], self.token, "POST", "/role",
+                       {"role": self.spec.master_role, "brokerId": 0, "epoch": epoch}, CONTROL_TIMEOUT)
+        except AdminCallError as exc:
+            self._refused("start-over", f"{name} lost its store and could not begin epoch {epoch}: {exc}")
+            return
+        self.event(f"{name} lost its store ({w.lost_store}); it is the group's only broker, so nothing holds the "
+                   f"messages it had: it goes on with an empty log at epoch {epoch}")
+        self.epoch = epoch
+        self.save()
         self.watch = Watch()
         self.observe(now)
 
