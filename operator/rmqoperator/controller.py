@@ -621,6 +621,26 @@ class GroupController:
         await self._apply_config_map(spec, f"adopting {pod}")
         await self._write_status(spec)
 
+    async def _master_at(self, spec: GroupSpec, pod: str, view: PodView, epoch: int, failed: str) -> bool:
+        """POST /role making ``pod`` the group's master at ``epoch``. Whether it did; a refusal is
+        logged (``failed`` says what did not happen) and left to the next round."""
+        assert view.ip is not None
+        try:
+            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
+        except AdminError as exc:
+            log.warning("%s/%s: %s %s: %s", self.namespace, self.name, pod, failed, exc)
+            return False
+        return True
+
+    async def _announce_epoch(self, spec: GroupSpec, kind: str, reason: str, message: str, after: str,
+                              write_status: bool = True) -> None:
+        """After a role change at a new epoch: the event, the ConfigMap (``haGroupEpoch`` and
+        roles for restarts) and, unless the round writes it anyway, the status."""
+        await self._event(kind, reason, message)
+        await self._apply_config_map(spec, after)
+        if write_status:
+            await self._write_status(spec)
+
     async def _restore_term_owner(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
         """Make the broker that began the current epoch master again when the recorded master serves
         in that epoch without having begun it (the group re-created on its kept volumes after a
@@ -632,20 +652,14 @@ class GroupController:
         pod, epoch = found
         view = views[pod]
         recorded = self.state.master_pod(spec)
-        assert view.ip is not None
-        try:
-            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
-        except AdminError as exc:
-            log.warning("%s/%s: %s began epoch %d but could not be made master again: %s", self.namespace,
-                        self.name, pod, epoch, exc)
+        if not await self._master_at(spec, pod, view, epoch, f"began epoch {epoch} but could not be made master again"):
             return False
         self.state = self.state.promoted(spec, view.ordinal, epoch)
-        await self._event("Warning", "MasterRestored",
-                          f"{recorded} was master in epoch {epoch}, which {pod} began (the group was created again "
-                          f"on its volumes?): {pod}, which holds that term's log, is master again and {recorded} "
-                          "follows it")
-        await self._apply_config_map(spec, f"restoring {pod}")
-        await self._write_status(spec)
+        await self._announce_epoch(
+            spec, "Warning", "MasterRestored",
+            f"{recorded} was master in epoch {epoch}, which {pod} began (the group was created again on its "
+            f"volumes?): {pod}, which holds that term's log, is master again and {recorded} follows it",
+            f"restoring {pod}")
         return True
 
     async def _resume_demoted_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
@@ -656,20 +670,14 @@ class GroupController:
         pod = self.state.master_pod(spec)
         if epoch is None or pod is None:
             return False
-        view = views[pod]
-        assert view.ip is not None
-        try:
-            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
-        except AdminError as exc:
-            log.warning("%s/%s: %s, the master, is a slave of nobody and could not resume: %s", self.namespace,
-                        self.name, pod, exc)
+        if not await self._master_at(spec, pod, views[pod], epoch,
+                                     "the master, is a slave of nobody and could not resume"):
             return False
         self.state = dataclasses.replace(self.state, epoch=epoch)
-        await self._event("Warning", "MasterResumed",
-                          f"{pod}, the master, was a slave following no master (a hand-over cut short?): it is "
-                          f"master again at epoch {epoch}")
-        await self._apply_config_map(spec, f"resuming {pod}")
-        await self._write_status(spec)
+        await self._announce_epoch(
+            spec, "Warning", "MasterResumed",
+            f"{pod}, the master, was a slave following no master (a hand-over cut short?): it is master again "
+            f"at epoch {epoch}", f"resuming {pod}")
         return True
 
     async def _restart_lone_master(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
@@ -682,19 +690,14 @@ class GroupController:
         if found is None or pod is None or view is None or view.ip is None:
             return False
         epoch, why = found
-        try:
-            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, epoch)
-        except AdminError as exc:
-            log.warning("%s/%s: %s lost its store and could not begin epoch %d: %s", self.namespace, self.name,
-                        pod, epoch, exc)
+        if not await self._master_at(spec, pod, view, epoch, f"lost its store and could not begin epoch {epoch}"):
             return False
         self.state = dataclasses.replace(self.state, epoch=epoch)
         self.memory.master_log_id = None  # its new log is the group's now
-        await self._event("Warning", "StoreLost",
-                          f"{why}; {pod} is the group's only broker, so nothing holds the messages it had: it goes "
-                          f"on with an empty log at epoch {epoch}")
-        await self._apply_config_map(spec, f"{pod} starting over")
-        await self._write_status(spec)
+        await self._announce_epoch(
+            spec, "Warning", "StoreLost",
+            f"{why}; {pod} is the group's only broker, so nothing holds the messages it had: it goes on with an "
+            f"empty log at epoch {epoch}", f"{pod} starting over")
         return True
 
     async def _begin_first_term(self, spec: GroupSpec, views: Mapping[str, PodView]) -> bool:
@@ -707,15 +710,12 @@ class GroupController:
         view = views.get(pod) if pod else None
         if pod is None or view is None or view.ip is None:
             return False
-        try:
-            await self.admin.set_role(view.ip, spec.ports.admin, self.token or "", spec.master_role, 0, 1)
-        except AdminError as exc:
-            log.warning("%s/%s: %s did not begin epoch 1: %s", self.namespace, self.name, pod, exc)
+        if not await self._master_at(spec, pod, view, 1, "did not begin epoch 1"):
             return False
         self.state = dataclasses.replace(self.state, epoch=1)
-        await self._event("Normal", "EpochBegun", f"{pod}, the master, began epoch 1: brokers are told the group's "
-                                                  "epoch, so one back on a replaced volume takes no writes")
-        await self._apply_config_map(spec, "epoch 1")
+        await self._announce_epoch(spec, "Normal", "EpochBegun",
+                                   f"{pod}, the master, began epoch 1: brokers are told the group's epoch, so one "
+                                   "back on a replaced volume takes no writes", "epoch 1", write_status=False)
         return True
 
     async def _apply_config_map(self, spec: GroupSpec, after: str) -> None:
