@@ -278,6 +278,9 @@ class Broker:
             "transactions_rolled_back": ("Transactional messages rolled back (END_TRANSACTION)", tx.rolled_back),
             "transaction_checks": ("CHECK_TRANSACTION_STATE requests sent to producers", tx.checks_sent),
             "transactions_given_up": ("Half messages given up after transactionCheckMax checks", tx.given_up),
+            "store_no_space_failures": ("Store writes refused for want of disk space (sends, consume-queue "
+                                        "units, a slave's replicated stream); nothing was written",
+                                        self.store.no_space_failures),
             "store_index_failures": ("Failed attempts to index a stored record (it is indexed when one succeeds)",
                                      self.store.index_failures),
             "reply_messages_pushed": ("Request-reply replies pushed to their requester", self.reply.pushed),

@@ -19,6 +19,7 @@ from rmqbroker.ha.metadata_sync import MetadataSyncError, SlaveMetadataSync
 from rmqbroker.ha.slave import HAClient
 from rmqbroker.outer_api import BrokerOuterApi
 from rmqbroker.processors.context import BrokerContext
+from rmqbroker.store.errors import StoreFullError
 from rmqbroker.store.message_store import ROLES
 
 log = logging.getLogger(__name__)
@@ -312,7 +313,13 @@ class ReplicationController:
             steps.append(("metadata synced", time.monotonic()))
         # Every replicated record gets its consume-queue unit before this broker serves as master;
         # a tail that ends inside a record is cut: the new epoch starts at the last whole one.
-        self.store.dispatch_some()
+        try:
+            self.store.dispatch_some()
+        except StoreFullError as exc:
+            # Cutting the undispatched records instead would drop sends a slave acknowledged.
+            self._apply_role()
+            raise RoleChangeError(f"cannot promote: no disk space for the consume queues of the replicated "
+                                  f"log ({exc})") from exc
         end = self.store.dispatched_phy_offset()
         if end < self.store.max_phy_offset():
             self._truncate(end)

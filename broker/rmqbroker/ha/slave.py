@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
+import errno
 import fcntl
 import functools
 import io
@@ -51,7 +51,7 @@ from rmqbroker.ha.epoch import (
 )
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
 from rmqbroker.remoting.client import split_addr
-from rmqbroker.store.errors import StoreError
+from rmqbroker.store.errors import StoreError, StoreFullError
 from rmqbroker.store.mapped_file import MappedFile
 from rmqbroker.store.message_store import MessageStore
 
@@ -67,6 +67,8 @@ INLINE_COPY_MAX = 16 * 1024
 # Segment blocks are allocated this far ahead of the copy.
 ALLOCATE_AHEAD = 64 * 1024 * 1024
 PIPE_SIZE = 1024 * 1024
+# Dispatch stopped by a full disk is tried again this often (s).
+DISPATCH_FULL_RETRY = 1.0
 # Linux fcntl command to size a pipe (not in Python's fcntl module before 3.10 on every build).
 F_SETPIPE_SZ = 1031
 # While bytes keep arriving, a report at most this often (s); always one before waiting for more.
@@ -139,29 +141,9 @@ def _connect(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-    func.restype = ctypes.c_int
-    result: Callable[[int, int, int, int], int] = func
-    return result
-
-
-_FALLOCATE = _load_fallocate()
-
-
-def _allocate(fd: int, pos: int, n: int) -> bool:
-    """Reserve a segment's blocks ahead of the copy: writing into a sparse file makes the
-    filesystem allocate per page (ext4 delayed allocation), which halves the page-cache copy
-    rate. ``fallocate`` itself, not ``posix_fallocate``: its fallback writes zeros block by block.
-    False when the filesystem cannot do it."""
-    if _FALLOCATE is None or n <= 0:
-        return _FALLOCATE is not None
-    return _FALLOCATE(fd, 0, pos, n) == 0
+def _write_error(pos: int, exc: OSError) -> StoreError:
+    text = f"commitlog write at {pos} failed: {exc}"
+    return StoreFullError(text) if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StoreError(text)
 
 
 class _Receiver:
@@ -192,7 +174,6 @@ class _Receiver:
         self.last_report = 0.0
         self.last_read = time.monotonic()
         self.segment: MappedFile | None = None
-        self.allocated = 0  # segment blocks are allocated up to this commitlog offset
         self.precreated = 0  # the segment starting here was requested ahead of the stream
         self.pipe: tuple[int, int] | None = None
         # Loop-side commit hand-off.
@@ -322,7 +303,6 @@ class _Receiver:
         mf = self.segment
         if mf is None or not mf.file_from_offset <= pos < mf.file_from_offset + mf.file_size:
             mf = self.segment = self._on_loop(pos)
-            self.allocated = pos
         end = mf.file_from_offset + mf.file_size
         if self.precreated < end and pos - mf.file_from_offset > mf.file_size // 2:
             # Creating a segment fsyncs the directory: have the loop do it for the next one early,
@@ -330,11 +310,12 @@ class _Receiver:
             self.precreated = end
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self._precreate, end)
-        if pos + SPLICE_MIN > self.allocated and self.allocated < end:
-            upto = min(end, max(pos, self.allocated) + ALLOCATE_AHEAD)
-            if not _allocate(mf.fd, self.allocated - mf.file_from_offset, upto - self.allocated):
-                upto = end  # not supported here: never ask again for this segment
-            self.allocated = upto
+        rel = pos - mf.file_from_offset
+        if rel + SPLICE_MIN > mf.reserved:
+            # Blocks reserved ahead: a sparse file makes the filesystem allocate per page (ext4
+            # delayed allocation), which halves the page-cache copy rate; and a copy through the
+            # mapping into a hole a full disk cannot back would be a SIGBUS, not an error.
+            mf.reserve(rel + SPLICE_MIN, ALLOCATE_AHEAD, allocate=True)
         return mf, end - pos
 
     def _on_loop(self, pos: int) -> MappedFile:
@@ -372,7 +353,7 @@ class _Receiver:
                 try:
                     n = os.pwrite(mf.fd, data[:k], rel)
                 except OSError as exc:
-                    raise StoreError(f"commitlog write at {pos} failed: {exc}") from exc
+                    raise _write_error(pos, exc) from exc
             pos += n
             data = data[n:]
 
@@ -396,7 +377,7 @@ class _Receiver:
             try:
                 moved += os.splice(r, mf.fd, n - moved, offset_dst=rel + moved)
             except OSError as exc:
-                raise StoreError(f"commitlog write at {pos + moved} failed: {exc}") from exc
+                raise _write_error(pos + moved, exc) from exc
         return n
 
     def _advance(self, end: int) -> None:
@@ -617,14 +598,19 @@ class HAClient:
             now = time.monotonic()
             catchup = now < self.catchup_until
             streaming = catchup or now - self.last_append < STREAM_BUSY_SECONDS
-            if not streaming or (behind > MAX_DISPATCH_LAG and not catchup):
-                store.dispatch_some(IDLE_DISPATCH_SLICE)
-                await asyncio.sleep(0)
-            else:
-                budget = CATCHUP_DISPATCH_SLICE if catchup else min(LIVE_DISPATCH_SLICE,
-                                                                    max(MIN_DISPATCH_SLICE, behind // 2))
-                store.dispatch_some(budget)
-                await asyncio.sleep(DISPATCH_PERIOD)
+            try:
+                if not streaming or (behind > MAX_DISPATCH_LAG and not catchup):
+                    store.dispatch_some(IDLE_DISPATCH_SLICE)
+                    await asyncio.sleep(0)
+                else:
+                    budget = CATCHUP_DISPATCH_SLICE if catchup else min(LIVE_DISPATCH_SLICE,
+                                                                        max(MIN_DISPATCH_SLICE, behind // 2))
+                    store.dispatch_some(budget)
+                    await asyncio.sleep(DISPATCH_PERIOD)
+            except StoreFullError:
+                # No room for consume-queue units (logged by the store): the records stay in the
+                # commitlog and are dispatched from the first one without a unit once there is.
+                await asyncio.sleep(DISPATCH_FULL_RETRY)
 
     def _commit_received(self) -> bool:
         """Commit what the current receiver has written; whether there was anything."""
@@ -658,6 +644,9 @@ class HAClient:
             except (OSError, ConnectionError, TimeoutError) as exc:
                 unreachable = True
                 self._log_failure("HA connection to %s failed: %s", addr, exc)
+            except StoreFullError as exc:
+                # The disk, not the master: the stream goes on from here once there is room.
+                self.store.note_no_space("the replicated commitlog", exc)
             except EpochChangedError as exc:
                 # A role change or re-point overtook the handshake; the next one starts from the
                 # epoch state as it is now.

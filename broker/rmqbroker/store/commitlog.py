@@ -83,6 +83,8 @@ class CommitLog:
             self._last = mf
         pos = mf.wrote_position
         if pos + size + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            if pos + 8 > mf.reserved:
+                mf.reserve(pos + 8)  # the marker's size and magic code
             write_blank(mf.mm, pos, self.file_size - pos)
             mf.wrote_position = self.file_size
             mf = self.mfq.get_last_file()
@@ -120,6 +122,8 @@ class CommitLog:
             pass  # fast path: fits the current segment
         else:
             mf, pos = self._file_for(size)
+        if pos + size > mf.reserved:
+            mf.reserve(pos + size)  # StoreFullError when the disk is full: nothing written
         key = f"{topic}-{queue_id}"
         table = self.topic_queue_table
         queue_offset = table.get(key, 0) if assign_queue_offset else 0
@@ -156,6 +160,8 @@ class CommitLog:
         consecutive.  ``total_size`` (sum of sizes) must fit an empty segment.
         """
         mf, pos = self._file_for(total_size)
+        if pos + total_size > mf.reserved:
+            mf.reserve(pos + total_size)
         key = f"{topic}-{queue_id}"
         first_qoff = self.topic_queue_table.get(key, 0)
         store_ts = time.time_ns() // 1_000_000
@@ -177,6 +183,19 @@ class CommitLog:
         self.topic_queue_table[key] = qoff
         self.last_store_timestamp = store_ts
         return offsets, first_qoff, store_ts
+
+    def undo_append(self, phy: int, end: int, key: str, queue_offset: int) -> None:
+        """Take back the newest append, ``[phy, end)`` (its consume-queue units could not be written):
+        its bytes are zeroed, the write position goes back to ``phy`` and the queue ``key``'s next
+        offset to ``queue_offset``. Nothing can have read it: appends and reads share the loop."""
+        mf = self.mfq.find_file(phy)
+        if mf is None or mf.max_offset != end:
+            raise StoreError(f"cannot take back [{phy}, {end}): it is not the newest append")
+        rel = phy - mf.file_from_offset
+        mf.mm[rel:rel + end - phy] = bytes(end - phy)
+        mf.wrote_position = rel
+        mf.flushed_position = min(mf.flushed_position, rel)
+        self.topic_queue_table[key] = queue_offset
 
     def append_raw(self, phy_offset: int, data: bytes | bytearray | memoryview) -> int:
         """Append bytes replicated from a master at exactly ``phy_offset``; returns the new max offset.

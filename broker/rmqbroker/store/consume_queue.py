@@ -193,13 +193,18 @@ class ConsumeQueue:
 
     # -- writing ---------------------------------------------------------------------------------
     def put_unit(self, logical: int, phy: int, size: int, tags: int) -> None:
-        """Write the unit for logical offset ``logical`` (hot path: an append at the end)."""
+        """Write the unit for logical offset ``logical`` (hot path: an append at the end).
+
+        Raises :class:`~rmqbroker.store.errors.StoreFullError` when the disk has no room for it.
+        """
         last = self._last
         if last is not None:
             wpos = last.wrote_position
-            if logical * CQ_STORE_UNIT_SIZE == last.file_from_offset + wpos and wpos < last.file_size:
+            # Within the reserved blocks (so also within the file): else the slow path reserves.
+            end = wpos + CQ_STORE_UNIT_SIZE
+            if logical * CQ_STORE_UNIT_SIZE == last.file_from_offset + wpos and end <= last.reserved:
                 UNIT.pack_into(last.mm, wpos, phy, size, tags)
-                last.wrote_position = wpos + CQ_STORE_UNIT_SIZE
+                last.wrote_position = end
                 self.max_phy_end = phy + size
                 return
         self._put_slow(logical, phy, size, tags)

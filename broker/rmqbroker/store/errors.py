@@ -7,6 +7,14 @@ class StoreError(Exception):
     """Base class for every error raised by :mod:`rmqbroker.store`."""
 
 
+class StoreFullError(StoreError):
+    """No room on the disk for a store file's next bytes (ENOSPC or a quota); nothing was written.
+
+    Raised before a write, when blocks are reserved for it, so that a full disk is an error on
+    that write rather than a SIGBUS on a write through the mapping.
+    """
+
+
 class StoreConfigError(StoreError, ValueError):
     """The on-disk store does not match the configuration (e.g. a segment of the wrong size)."""
 

@@ -23,8 +23,8 @@ import struct
 import time
 from pathlib import Path
 
-from rmqbroker.store.errors import StoreError
-from rmqbroker.store.mapped_file import TMP_SUFFIX, create_sized
+from rmqbroker.store.errors import StoreError, StoreFullError
+from rmqbroker.store.mapped_file import TMP_SUFFIX, create_sized, plenty_free, reserve_blocks, reserve_step
 from rmqbroker.store.record import java_string_hash
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ SLOT_SIZE = SLOT.size  # 4
 ENTRY = struct.Struct(">iqii")
 ENTRY_SIZE = ENTRY.size  # 20
 _INT_MAX = 0x7FFFFFFF
+_PAGE = mmap.PAGESIZE
 _NAME = re.compile(r"^\d{17}$")
 
 
@@ -61,7 +62,8 @@ def file_name(millis: int) -> str:
 class IndexFile:
     """One index file, mapped read/write. Single writer (the event loop)."""
 
-    __slots__ = ("_fd", "begin_phy", "begin_ts", "count", "end_phy", "end_ts", "file_size", "index_num", "mm",
+    __slots__ = ("_entries_reserved", "_entry_step", "_fd", "_slot_pages", "begin_phy", "begin_ts", "count",
+                 "end_phy", "end_ts", "file_size", "index_num", "mm",
                  "path", "slot_count", "slot_num")
 
     def __init__(self, path: Path, slot_num: int, index_num: int, *, create: bool) -> None:
@@ -82,7 +84,18 @@ class IndexFile:
             os.close(fd)
             raise
         self._fd = fd
+        # Blocks are reserved before an entry or slot is written (see mapped_file.reserve_blocks):
+        # the slots page by page as the hash first touches each (what writing them would allocate
+        # anyway), the entries a step ahead, as they are appended in order.
+        self._slot_pages = bytearray((HEADER_SIZE + slot_num * SLOT_SIZE + _PAGE - 1) // _PAGE)
+        self._entries_reserved = 0
+        self._entry_step = reserve_step(index_num * ENTRY_SIZE)
         if create:
+            try:
+                self._reserve_slot_page(0)  # the header's page
+            except BaseException:
+                self.destroy()  # a file without its header would stop the next start
+                raise
             self.begin_ts = self.end_ts = self.begin_phy = self.end_phy = 0
             self.slot_count = 0
             self.count = 1  # entry 0 is never used: slot value 0 means "empty"
@@ -104,22 +117,50 @@ class IndexFile:
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slot_count,
                          self.count)
 
+    def _reserve_slot_page(self, page: int) -> None:
+        start = page * _PAGE
+        if not plenty_free(self._fd):
+            reserve_blocks(self._fd, start, min(_PAGE, self.file_size - start), self.path)
+        self._slot_pages[page] = 1
+
+    def _reserve_entries(self, end: int) -> None:
+        start = max(self._entries_reserved, (end - ENTRY_SIZE) & ~(_PAGE - 1))
+        upto = min(self.file_size, max(end, start + self._entry_step))
+        if plenty_free(self._fd):
+            self._entries_reserved = upto
+            return
+        try:
+            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
+        except StoreFullError:
+            upto = end  # no room for a step ahead: maybe for this entry
+            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
+        if not reserved:
+            upto = self.file_size  # this filesystem cannot reserve: never asked again
+            self._slot_pages[:] = b"\x01" * len(self._slot_pages)
+        self._entries_reserved = upto
+
     def put(self, khash: int, phy: int, store_ts: int) -> None:
         """Add an entry (the service starts a new file before this one is full)."""
         if self.count >= self.index_num:
             raise StoreError(f"index file {self.path.name} is full")
         mm = self.mm
         slot_pos = HEADER_SIZE + (khash % self.slot_num) * SLOT_SIZE
+        idx = self.count
+        entry_pos = HEADER_SIZE + self.slot_num * SLOT_SIZE + idx * ENTRY_SIZE
+        # Room first (StoreFullError with nothing written), then the writes.
+        if entry_pos + ENTRY_SIZE > self._entries_reserved:
+            self._reserve_entries(entry_pos + ENTRY_SIZE)
+        if not self._slot_pages[slot_pos // _PAGE]:
+            self._reserve_slot_page(slot_pos // _PAGE)
         prev = SLOT.unpack_from(mm, slot_pos)[0]
         if prev <= 0 or prev > self.count:
             prev = 0
-        idx = self.count
         if idx <= 1:
             # The first entry sets the file's time base (a new file carried the last one's end).
             self.begin_phy = phy
             self.begin_ts = store_ts
         diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
-        ENTRY.pack_into(mm, HEADER_SIZE + self.slot_num * SLOT_SIZE + idx * ENTRY_SIZE, khash, phy, diff, prev)
+        ENTRY.pack_into(mm, entry_pos, khash, phy, diff, prev)
         SLOT.pack_into(mm, slot_pos, idx)
         if prev == 0:
             self.slot_count += 1
@@ -150,7 +191,11 @@ class IndexFile:
         count = self.count
         if count <= 1:
             return
-        idx = SLOT.unpack_from(mm, HEADER_SIZE + (khash % self.slot_num) * SLOT_SIZE)[0]
+        slot_pos = HEADER_SIZE + (khash % self.slot_num) * SLOT_SIZE
+        # A slot no entry ever used may lie in a hole of the sparse file: read with a system call,
+        # since on tmpfs a fault there allocates a page, a SIGBUS when the disk is full.
+        raw = os.pread(self._fd, SLOT_SIZE, slot_pos) if not self._slot_pages[slot_pos // _PAGE] else None
+        idx = SLOT.unpack(raw)[0] if raw is not None else SLOT.unpack_from(mm, slot_pos)[0]
         if idx <= 0 or idx >= count:
             return
         base = HEADER_SIZE + self.slot_num * SLOT_SIZE

@@ -27,7 +27,7 @@ from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.consume_queue import BLANK_SIZE, CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue
-from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreLockedError
+from rmqbroker.store.errors import CorruptRecordError, StoreConfigError, StoreError, StoreFullError, StoreLockedError
 from rmqbroker.store.index import IndexFile, IndexService
 from rmqbroker.store.mapped_file import MappedFile
 from rmqbroker.store.queue_summary import QueueState, StoreSummary
@@ -87,6 +87,8 @@ _INDEX_RETRY_SLICE = 4 << 20
 _PAGE_SIZE = 4096
 # Page cache populated ahead of the commitlog's write position (see _page_cache_prefetcher): how
 # far ahead, and how often the position is looked at.
+# A full disk refuses every write until retention frees space: one error line per this many seconds.
+_NO_SPACE_LOG_EVERY_S = 10.0
 _PREFETCH_AHEAD = 32 * 1024 * 1024
 _PREFETCH_PERIOD_S = 0.02
 _HAS_FADVISE = hasattr(os, "posix_fadvise")
@@ -323,6 +325,11 @@ class MessageStore:
         # is kept in ``indexGap.json`` so that a restart indexes them too.
         self._index_gap = -1
         self._index_gap_saved = -1  # the offset indexGap.json holds (-1: none written)
+        # Writes refused for want of disk space (sends, consume-queue units, a slave's stream).
+        self.no_space_failures = 0
+        self._no_space_logged = 0.0
+        # Why the last dispatch stopped short (no room for a consume-queue unit), for its caller.
+        self._dispatch_error: StoreFullError | None = None
         # Held while a worker thread flushes consume queues, so that a deleted topic's queue files
         # are never closed under that thread.
         self._cq_io = asyncio.Lock()
@@ -572,9 +579,13 @@ class MessageStore:
             # refilling one queue neither rewrites nor duplicates the others' units.
             began = time.monotonic()
             reached = self._dispatch_from(dispatch_from, covered - dispatch_from, takes_from=takes_from)
+            self._raise_dispatch_error()
             log.info("re-dispatched commitlog [%d, %d) to the queues missing units in %.1f s", dispatch_from,
                      reached, time.monotonic() - began)
         self._reput_offset = self._dispatch_from(reached)
+        # A master appends after _reput_offset as if all before it were dispatched: without room
+        # for the consume queues the store does not start (it would leave their units out).
+        self._raise_dispatch_error()
         if self._reput_offset != end:
             log.warning("dispatch stopped at %d before the commitlog end %d", self._reput_offset, end)
 
@@ -755,19 +766,40 @@ class MessageStore:
                 rel += fields[0]
         except CorruptRecordError as exc:
             log.error("cannot dispatch the commitlog past %d: %s", mf.file_from_offset + rel, exc)
+        except StoreFullError as exc:
+            # Nothing of this record was written: it is dispatched again when there is room.
+            self._dispatch_error = exc
         return mf.file_from_offset + rel
+
+    def _raise_dispatch_error(self) -> None:
+        exc = self._dispatch_error
+        if exc is not None:
+            self._dispatch_error = None
+            self.note_no_space("consume queues", exc)
+            raise exc
+
+    def note_no_space(self, what: str, exc: StoreError) -> None:
+        """Count a write refused for want of disk space, and log it (at most every 10 s)."""
+        self.no_space_failures += 1
+        now = time.monotonic()
+        if now - self._no_space_logged >= _NO_SPACE_LOG_EVERY_S:
+            self._no_space_logged = now
+            log.error("no space on the store's disk for %s (%d refused write(s) so far); retention deletes expired "
+                      "files above diskSpaceCleanForciblyRatio, or give the volume more room: %s",
+                      what, self.no_space_failures, exc)
 
     def _dispatch_one(self, phy: int, fields: tuple[int, str, int, int, int, int, str]) -> None:
         size, topic, qid, qoff, sys_flag, store_ts, props = fields
         tran = sys_flag & TRANSACTION_TYPE_MASK
         self.commitlog.last_store_timestamp = store_ts
-        if self.index is not None:
-            self._index_record(phy, topic, store_ts, sys_flag, props)
-        if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            return
+        # The unit before the index entry: a unit that finds no room raises (the record is
+        # dispatched again later), while an index failure is only a gap the retry task fills.
         deleted = self._deleted
-        if deleted and phy < deleted.get(topic, -1):
-            return  # a record of a topic deleted since: its queues stay gone
+        if tran in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE) or (deleted and phy < deleted.get(topic, -1)):
+            # No unit: a half or rolled-back message, or a topic deleted since (its queues stay gone).
+            if self.index is not None:
+                self._index_record(phy, topic, store_ts, sys_flag, props)
+            return
         tags = tags_code(get_property(props, TAGS))
         if topic == SCHEDULE_TOPIC:
             level = _parse_int(get_property(props, DELAY))
@@ -780,6 +812,8 @@ class MessageStore:
         if table.get(key, 0) <= qoff:
             table[key] = qoff + 1
         self._logics_ts = store_ts
+        if self.index is not None:
+            self._index_record(phy, topic, store_ts, sys_flag, props)
         if self._listeners:
             self._notify(topic, qid, cq.max_offset())
 
@@ -877,6 +911,9 @@ class MessageStore:
                 msg.born_host[1], store_ip, store_host[1], msg.reconsume_times,
                 msg.prepared_transaction_offset, not_prepared,
             )
+        except StoreFullError as exc:
+            self.note_no_space("a message", exc)
+            return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except (StoreError, OSError):
             log.exception("commitlog append failed")
             return _result(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
@@ -892,7 +929,12 @@ class MessageStore:
             cq = queues.get(queue_id) if queues is not None else None
             if cq is None:
                 cq = self._get_or_create_cq(topic, queue_id)
-            cq.put_unit(qoff, phy, size, tags)
+            try:
+                cq.put_unit(qoff, phy, size, tags)
+            except StoreFullError as exc:
+                self._take_back(cq, phy, phy + size, qoff)
+                self.note_no_space("a consume-queue unit", exc)
+                return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
             self._logics_ts = store_ts
             if self._listeners:
                 self._notify(topic, queue_id, qoff + 1)
@@ -906,6 +948,13 @@ class MessageStore:
         msg_id = (self._msg_id_prefix + phy.to_bytes(8, "big").hex().upper() if msg.store_host is None
                   else offset_msg_id(store_host[0], store_host[1], phy))
         return PutResult(_PUT_OK, phy, size, msg_id, qoff, store_ts, 1, topic, queue_id)
+
+    def _take_back(self, cq: ConsumeQueue, phy: int, end: int, queue_offset: int) -> None:
+        """Undo a put whose consume-queue units found no room: its records and any of its units
+        written leave, so the send is refused with nothing stored (a retry stores it once)."""
+        if cq.max_offset() > queue_offset:
+            cq.truncate_to_logical(queue_offset)
+        self.commitlog.undo_append(phy, end, f"{cq.topic}-{cq.queue_id}", queue_offset)
 
     async def put_message(self, msg: MessageInner) -> PutResult:
         """Store one message and, unless its WAIT property is ``"false"``, wait for the configured
@@ -965,12 +1014,20 @@ class MessageStore:
                 batch.topic, batch.queue_id, items, total, sys_flag, batch.born_timestamp, born_ip,
                 batch.born_host[1], store_ip, store_host[1], 0,
             )
+        except StoreFullError as exc:
+            self.note_no_space("a message batch", exc)
+            return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except (StoreError, OSError):
             log.exception("commitlog batch append failed")
             return _result(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         cq = self._get_or_create_cq(batch.topic, batch.queue_id)
-        for i, (phy, item) in enumerate(zip(offsets, items, strict=True)):
-            cq.put_unit(first_qoff + i, phy, item[3], tag_codes[i])
+        try:
+            for i, (phy, item) in enumerate(zip(offsets, items, strict=True)):
+                cq.put_unit(first_qoff + i, phy, item[3], tag_codes[i])
+        except StoreFullError as exc:
+            self._take_back(cq, offsets[0], offsets[0] + total, first_qoff)
+            self.note_no_space("consume-queue units", exc)
+            return _result(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         if self.index is not None:
             for phy, (uniq, keys) in zip(offsets, index_keys, strict=True):
                 if uniq or keys:
@@ -1559,6 +1616,10 @@ class MessageStore:
             self._reput_offset = phy_offset
         if dispatch:
             self._reput_offset = self._dispatch_from(self._reput_offset)
+            if self._dispatch_error is not None:
+                # Stored; its consume-queue units follow with a later dispatch_some().
+                exc, self._dispatch_error = self._dispatch_error, None
+                self.note_no_space("consume queues", exc)
         return new_max
 
     def reserve_raw(self, phy_offset: int, n: int) -> list[tuple[MappedFile, int, int]]:
@@ -1588,8 +1649,12 @@ class MessageStore:
         return self.commitlog.max_offset() - self._reput_offset
 
     def dispatch_some(self, budget: int | None = None) -> int:
-        """Dispatch up to ``budget`` bytes of complete records (all when None); bytes still behind."""
+        """Dispatch up to ``budget`` bytes of complete records (all when None); bytes still behind.
+
+        Raises :class:`StoreFullError` when a consume queue has no room for a unit (dispatch stops
+        before that record and goes on from it next time)."""
         self._reput_offset = self._dispatch_from(self._reput_offset, budget)
+        self._raise_dispatch_error()
         return self.dispatch_behind()
 
     def truncate_to(self, phy_offset: int) -> None:
