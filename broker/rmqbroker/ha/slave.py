@@ -312,9 +312,10 @@ class _Receiver:
                 self.loop.call_soon_threadsafe(self._precreate, end)
         rel = pos - mf.file_from_offset
         if rel + SPLICE_MIN > mf.reserved:
-            # Blocks reserved ahead: a sparse file makes the filesystem allocate per page (ext4
-            # delayed allocation), which halves the page-cache copy rate; and a copy through the
-            # mapping into a hole a full disk cannot back would be a SIGBUS, not an error.
+            # Blocks reserved ahead, always (the loop reserves lazily): a sparse file makes the
+            # filesystem allocate per page (ext4 delayed allocation), which halves the page-cache
+            # copy rate; and a copy through the mapping into a hole a full disk cannot back would
+            # be a SIGBUS, not an error.
             mf.reserve(rel + SPLICE_MIN, ALLOCATE_AHEAD, allocate=True)
         return mf, end - pos
 

@@ -119,16 +119,16 @@ class IndexFile:
 
     def _reserve_slot_page(self, page: int) -> None:
         start = page * _PAGE
-        if not plenty_free(self._fd):
+        if not plenty_free(self._fd):  # else a check: the page is written right after
             reserve_blocks(self._fd, start, min(_PAGE, self.file_size - start), self.path)
         self._slot_pages[page] = 1
 
     def _reserve_entries(self, end: int) -> None:
         start = max(self._entries_reserved, (end - ENTRY_SIZE) & ~(_PAGE - 1))
-        upto = min(self.file_size, max(end, start + self._entry_step))
-        if plenty_free(self._fd):
-            self._entries_reserved = upto
+        if plenty_free(self._fd):  # as MappedFile.reserve: a 16th of a step, checked
+            self._entries_reserved = min(self.file_size, max(end, start + (self._entry_step >> 4)))
             return
+        upto = min(self.file_size, max(end, start + self._entry_step))
         try:
             reserved = reserve_blocks(self._fd, start, upto - start, self.path)
         except StoreFullError:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqbroker.store import mapped_file
 from rmqbroker.store.checkpoint import AbortMarker, StoreCheckpoint
 from rmqbroker.store.commitlog import CommitLog
 from rmqbroker.store.consume_queue import BLANK_SIZE, ConsumeQueue
@@ -286,3 +287,27 @@ def test_consume_queue_sums_the_sizes_its_units_record(tmp_path: Path) -> None:
     assert cq.sum_sizes(38, 10) == (sizes[38] + sizes[39], 2)  # only what is written
     assert cq.sum_sizes(40, 5) == (0, 0)
     cq.close()
+
+
+def test_writes_check_their_room_while_the_disk_has_plenty_and_reserve_blocks_ahead_below_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    size = 8 << 20  # a step is a 64th of the file, at least 64 KiB: 128 KiB here; a check covers 8 KiB
+    mf = MappedFile(tmp_path / file_name(0), size, create=True)
+
+    def allocated() -> int:
+        return mf.path.stat().st_blocks * 512
+
+    try:
+        assert allocated() == 0  # created sparse
+        # The test disk has far more than PLENTY_FREE: a 16th of a step is checked, nothing allocated ahead.
+        mf.append(b"x" * 100)
+        assert mf.reserved == 8 << 10 and allocated() < 64 << 10
+        monkeypatch.setattr(mapped_file, "PLENTY_FREE", 1 << 62)  # now the disk looks nearly full
+        mf.append(b"y" * (10 << 10))
+        assert mf.reserved == (8 << 10) + (128 << 10)  # a whole step beyond what was covered ...
+        assert allocated() >= 128 << 10  # ... with its blocks taken now
+        monkeypatch.undo()
+        mf.reserve(1 << 20, allocate=True)  # the slave's stream asks for real blocks whatever the disk has
+        assert mf.reserved == 1 << 20 and allocated() >= (1 << 20) - (8 << 10)
+    finally:
+        mf.close()
