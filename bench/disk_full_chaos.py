@@ -4,7 +4,8 @@ Each broker keeps its store on its own tmpfs (a private mount namespace, as in
 ``tests/integration/test_disk_full.py``; needs root or CAP_SYS_ADMIN). A sender keeps 16 sends in
 flight over one connection, each body unique. Each round fills one disk to the last byte with a
 filler file (the master's, then the slave's, in turn), lets the stream run into it for
-``--full-seconds``, deletes the filler and waits until sends are taken again.
+``--full-seconds``, deletes the filler and waits until sends are taken again. A failed send's slot
+waits 20 ms before its next send, as a client backs off.
 
 At the end the slave must hold the master's commitlog byte for byte, every acknowledged send
 (SEND_OK) must be in it once, and no send answered SERVICE_NOT_AVAILABLE may be in it (a refused
@@ -85,6 +86,10 @@ class Sender(threading.Thread):
                 code = -1  # no answer: may or may not be stored
             self.answers[body] = code
             self.recent.append(code)
+            if code != ResponseCode.SUCCESS:
+                # A client backs off after a failure. Without it a SYNC_MASTER whose slave is full
+                # stores (and answers SLAVE_NOT_AVAILABLE to) tens of MB a second, as Java's does.
+                await asyncio.sleep(0.02)
 
         pending: set[asyncio.Task[None]] = set()
         try:
@@ -155,10 +160,15 @@ def main() -> int:
         else:
             end = master.status()["maxPhyOffset"]
             poll(lambda: slave.status()["maxPhyOffset"] == end, 60, what="slave caught up")
+            # /commitlog serves what consume queues cover: wait for the slave's dispatch too.
+            poll(lambda: slave.status()["dispatchedPhyOffset"] == end, 60, what="slave's queues built")
             code, mbytes = master.admin(f"/commitlog?offset=0&length={end}")
             scode, sbytes = slave.admin(f"/commitlog?offset=0&length={end}")
             if (code, scode) != (200, 200) or mbytes != sbytes:
-                findings.append("the slave's commitlog differs from the master's")
+                n = min(len(mbytes), len(sbytes))
+                first = next((i for i in range(n) if mbytes[i] != sbytes[i]), n)
+                findings.append(f"the slave's commitlog differs from the master's: answers {code}/{scode}, "
+                                f"{len(mbytes)}/{len(sbytes)} bytes, first difference at {first}")
             stored = collections.Counter(bodies(mbytes))
             answers = sender.answers if sender is not None else {}
             outcome = collections.Counter(answers.values())
