@@ -85,10 +85,10 @@ _INDEX_RETRY_PERIOD_S = 5.0
 _INDEX_RETRY_SLICE = 4 << 20
 # "Pages" of the least-pages flush thresholds.
 _PAGE_SIZE = 4096
-# Page cache populated ahead of the commitlog's write position (see _page_cache_prefetcher): how
-# far ahead, and how often the position is looked at.
 # A full disk refuses every write until retention frees space: one error line per this many seconds.
 _NO_SPACE_LOG_EVERY_S = 10.0
+# Page cache populated ahead of the commitlog's write position (see _page_cache_prefetcher): how
+# far ahead, and how often the position is looked at.
 _PREFETCH_AHEAD = 32 * 1024 * 1024
 _PREFETCH_PERIOD_S = 0.02
 _HAS_FADVISE = hasattr(os, "posix_fadvise")
