@@ -646,7 +646,9 @@ class HAClient:
                 unreachable = True
                 self._log_failure("HA connection to %s failed: %s", addr, exc)
             except StoreFullError as exc:
-                # The disk, not the master: the stream goes on from here once there is room.
+                # The disk, not the master (no master-lost signal): the stream goes on from here
+                # once there is room.
+                failed = False
                 self.store.note_no_space("the replicated commitlog", exc)
             except EpochChangedError as exc:
                 # A role change or re-point overtook the handshake; the next one starts from the
