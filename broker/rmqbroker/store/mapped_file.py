@@ -11,7 +11,7 @@ back is a SIGBUS, which would kill the process; so every writer makes sure of it
 writes (:meth:`MappedFile.reserve`). While the filesystem has :data:`PLENTY_FREE` that is a check
 (``fstatvfs``) every 16th of a step; below it the blocks are reserved (``fallocate``,
 :func:`reserve_blocks`) a step ahead, and a reservation that fails is a :class:`StoreFullError` on
-that write, with nothing written. Reserving always cost 4-7 % more broker CPU per sent message
+that write, with nothing written. Reserving always cost 3-7 % more broker CPU per sent message
 here (bench/RESULTS.md, 2026-11-29); checked ranges are small (256 KiB of commitlog, ~6 KB per
 consume queue), so only another writer taking nearly 256 MiB in the meantime could fill the disk
 under them.
@@ -203,7 +203,7 @@ class MappedFile:
 
         Covers from the write position on, up to ``end + ahead`` or one step beyond what was
         covered, whichever is further (never past the file's end); while the disk has plenty free
-        (and not ``allocate``), only a 16th of a step beyond ``end`` is covered, by a check. Raises
+        (and not ``allocate``), a check covers up to ``end`` or a 16th of a step further. Raises
         :class:`StoreFullError` (nothing reserved is lost, nothing is written) when the disk has no room.
         """
         if end <= self.reserved:
