@@ -150,6 +150,10 @@ def main() -> int:
                 if not (master.alive and slave.alive):
                     break
             time.sleep(1)
+        except BaseException:
+            master.stop()  # not left running (holding the disk's namespace) when the run fails
+            slave.stop()
+            raise
         finally:
             if sender is not None:
                 sender.stopping = True
