@@ -15,9 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, inside the namespace
+
 from rmqbroker.store.config import StoreConfig
 from rmqbroker.store.index import HEADER_SIZE, SLOT_SIZE, build_key, key_hash
 from rmqbroker.store.message_store import MessageInner, MessageStore
+from tests.support.small_disk import fill
 
 SLOTS = 5_000_000  # StoreConfig's default maxHashSlotNum
 FILLER = "filler"
@@ -35,23 +38,6 @@ def message(topic: str, body: bytes, keys: str) -> MessageInner:
 
 def slot_page(topic: str, key: str) -> int:
     return (HEADER_SIZE + key_hash(build_key(topic, key)) % SLOTS * SLOT_SIZE) // 4096
-
-
-def fill(disk: Path) -> None:
-    chunk = bytes(64 * 1024)
-    with open(disk / FILLER, "wb", buffering=0) as f:
-        while True:
-            try:
-                f.write(chunk)
-            except OSError:
-                break
-    # What a 64 KiB write could not take, smaller ones can: leave no block free.
-    with open(disk / FILLER, "ab", buffering=0) as f:
-        while True:
-            try:
-                f.write(b"\0" * 512)
-            except OSError:
-                return
 
 
 def other_key(topic: str, taken: set[int]) -> str:
@@ -76,7 +62,7 @@ async def main(disk: Path) -> dict[str, Any]:
     first = await store.put_message(message("A", b"a1", "k-first"))
     out["first"] = first.status.name
     key = other_key("A", {slot_page("A", "k-first")})
-    fill(disk)
+    fill(disk, FILLER)
     end_before = store.max_phy_offset()
     refused = await store.put_message(message("B", b"b1", "kb"))
     out["refused"] = refused.status.name

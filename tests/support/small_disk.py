@@ -29,6 +29,29 @@ def small_disk_available() -> bool:
     return probe.returncode == 0
 
 
+def fill(directory: Path, name: str = "filler", leave: int = 0) -> int:
+    """Write ``directory/name`` until its filesystem has at most ``leave`` bytes left (none: to the
+    last block, in ever smaller writes); how many bytes it wrote."""
+    written = 0
+    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        chunk = len(_CHUNK)
+        while chunk >= 512:
+            st = os.statvfs(directory)
+            room = st.f_bavail * st.f_frsize - leave
+            if room <= 0:
+                break
+            try:
+                written += os.write(fd, _CHUNK[:min(chunk, room)])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                chunk //= 8
+    finally:
+        os.close(fd)
+    return written
+
+
 class SmallDisk:
     """A ``size_mb`` tmpfs over ``mount_dir`` in a private mount namespace, until :meth:`close`."""
 
@@ -59,21 +82,7 @@ class SmallDisk:
 
     def fill(self, name: str = "filler", leave: int = 0) -> int:
         """Write a filler file until the disk has at most ``leave`` bytes left; its size."""
-        path = self.host_path(self.mount_dir) / name
-        written = 0
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            while (room := self.free_bytes() - leave) > 0:
-                try:
-                    n = os.write(fd, _CHUNK[:min(len(_CHUNK), room)])
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-                written += n
-        finally:
-            os.close(fd)
-        return written
+        return fill(self.host_path(self.mount_dir), name, leave)
 
     def free(self, name: str = "filler") -> None:
         (self.host_path(self.mount_dir) / name).unlink()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import errno
 import fcntl
 import functools
 import io
@@ -52,7 +51,7 @@ from rmqbroker.ha.epoch import (
 from rmqbroker.ha.master import EPOCH_QUERY, REPORT, TRANSFER_HEADER
 from rmqbroker.remoting.client import split_addr
 from rmqbroker.store.errors import StoreError, StoreFullError
-from rmqbroker.store.mapped_file import MappedFile
+from rmqbroker.store.mapped_file import MappedFile, io_error
 from rmqbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -139,11 +138,6 @@ def _connect(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _write_error(pos: int, exc: OSError) -> StoreError:
-    text = f"commitlog write at {pos} failed: {exc}"
-    return StoreFullError(text) if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StoreError(text)
 
 
 class _Receiver:
@@ -354,7 +348,7 @@ class _Receiver:
                 try:
                     n = os.pwrite(mf.fd, data[:k], rel)
                 except OSError as exc:
-                    raise _write_error(pos, exc) from exc
+                    raise io_error(f"commitlog write at {pos} failed", exc) from exc
             pos += n
             data = data[n:]
 
@@ -378,7 +372,7 @@ class _Receiver:
             try:
                 moved += os.splice(r, mf.fd, n - moved, offset_dst=rel + moved)
             except OSError as exc:
-                raise _write_error(pos + moved, exc) from exc
+                raise io_error(f"commitlog write at {pos + moved} failed", exc) from exc
         return n
 
     def _advance(self, end: int) -> None:

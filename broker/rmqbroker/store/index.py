@@ -23,8 +23,8 @@ import struct
 import time
 from pathlib import Path
 
-from rmqbroker.store.errors import StoreError, StoreFullError
-from rmqbroker.store.mapped_file import TMP_SUFFIX, create_sized, plenty_free, reserve_blocks, reserve_step
+from rmqbroker.store.errors import StoreError
+from rmqbroker.store.mapped_file import TMP_SUFFIX, create_sized, make_room, plenty_free, reserve_blocks, reserve_step
 from rmqbroker.store.record import java_string_hash
 
 log = logging.getLogger(__name__)
@@ -125,19 +125,13 @@ class IndexFile:
 
     def _reserve_entries(self, end: int) -> None:
         start = max(self._entries_reserved, (end - ENTRY_SIZE) & ~(_PAGE - 1))
-        if plenty_free(self._fd):  # as MappedFile.reserve: a 16th of a step, checked
-            self._entries_reserved = min(self.file_size, max(end, start + (self._entry_step >> 4)))
-            return
-        upto = min(self.file_size, max(end, start + self._entry_step))
-        try:
-            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
-        except StoreFullError:
-            upto = end  # no room for a step ahead: maybe for this entry
-            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
-        if not reserved:
-            upto = self.file_size  # this filesystem cannot reserve: never asked again
+        size = self.file_size
+        covered = make_room(self._fd, self.path, start, end, min(size, max(end, start + self._entry_step)),
+                            min(size, max(end, start + (self._entry_step >> 4))))
+        if covered < 0:  # this filesystem cannot reserve: never asked again
+            covered = size
             self._slot_pages[:] = b"\x01" * len(self._slot_pages)
-        self._entries_reserved = upto
+        self._entries_reserved = covered
 
     def put(self, khash: int, phy: int, store_ts: int) -> None:
         """Add an entry (the service starts a new file before this one is full)."""

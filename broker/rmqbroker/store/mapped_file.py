@@ -107,15 +107,33 @@ def plenty_free(fd: int) -> bool:
     return st.f_bavail * st.f_frsize >= PLENTY_FREE
 
 
+def make_room(fd: int, path: Path, start: int, end: int, upto: int, checked: int, allocate: bool = False) -> int:
+    """Room for writes from ``start`` to ``end`` of a pre-sized file; the new covered end.
+
+    With plenty free (and not ``allocate``) a check covers up to ``checked``; else the blocks up to
+    ``upto`` are reserved, or only up to ``end`` when the disk has no room for more. Returns -1
+    when this filesystem cannot reserve; raises :class:`StoreFullError` when not even ``end`` fits.
+    """
+    if not allocate and plenty_free(fd):
+        return checked
+    try:
+        reserved = reserve_blocks(fd, start, upto - start, path)
+    except StoreFullError:
+        if upto <= end:
+            raise
+        upto = end  # not room for the step ahead, but maybe for what is about to be written
+        reserved = reserve_blocks(fd, start, upto - start, path)
+    return upto if reserved else -1
+
+
+def io_error(text: str, exc: OSError) -> StoreError:
+    """A failed store write or file creation as a typed error: StoreFullError for no space."""
+    return StoreFullError(f"{text}: {exc}") if exc.errno in _NO_SPACE else StoreError(f"{text}: {exc}")
+
+
 def reserve_step(file_size: int) -> int:
     """How far ahead of a write a file of ``file_size`` bytes reserves blocks."""
     return min(file_size, _RESERVE_MAX, max(_RESERVE_MIN, file_size >> 6))
-
-
-def _create_error(what: str, path: Path, exc: OSError) -> StoreError:
-    if exc.errno in _NO_SPACE:
-        return StoreFullError(f"cannot create {what} {path}: {exc}")
-    return StoreError(f"cannot create {what} {path}: {exc}")
 
 
 def file_name(offset: int) -> str:
@@ -149,7 +167,7 @@ class MappedFile:
             fd = create_sized(path, file_size) if create else os.open(path, os.O_RDWR)
         except OSError as exc:
             if create:
-                raise _create_error("segment", path, exc) from exc
+                raise io_error(f"cannot create segment {path}", exc) from exc
             raise StoreError(f"cannot open segment {path}: {exc}") from exc
         try:
             if not create:
@@ -209,20 +227,11 @@ class MappedFile:
         if end <= self.reserved:
             return
         start = max(self.reserved, min(self.wrote_position, end) & ~(_PAGE - 1))
-        if not allocate and plenty_free(self._fd):
-            self.reserved = min(self.file_size, max(end, start + (self._step >> 4)))
-            return
-        upto = min(self.file_size, max(end + ahead, start + self._step))
-        try:
-            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
-        except StoreFullError:
-            if upto <= end:
-                raise
-            # Not room for the step ahead, but maybe for what is about to be written.
-            upto = end
-            reserved = reserve_blocks(self._fd, start, upto - start, self.path)
+        size = self.file_size
+        covered = make_room(self._fd, self.path, start, end, min(size, max(end + ahead, start + self._step)),
+                            min(size, max(end, start + (self._step >> 4))), allocate)
         # Without reservations on this filesystem: never asked again for this file.
-        self.reserved = upto if reserved else self.file_size
+        self.reserved = covered if covered >= 0 else size
 
     def append(self, data: bytes | bytearray | memoryview) -> int:
         """Copy ``data`` at the write position; returns how many bytes fit (may be fewer).
@@ -241,7 +250,7 @@ class MappedFile:
                 try:
                     written = os.pwrite(self._fd, chunk, pos)
                 except OSError as exc:
-                    raise StoreError(f"write to {self.path} at {pos} failed: {exc}") from exc
+                    raise io_error(f"write to {self.path} at {pos} failed", exc) from exc
                 if written != n:
                     raise StoreError(f"short write to {self.path}: {written} of {n} bytes")
             else:
